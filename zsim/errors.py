@@ -1,0 +1,37 @@
+"""The one error type for bad input: it names the field, the value and what is allowed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class InputError(ValueError):
+    """Bad user input (a flag, a file, a preset name). The CLI prints it as one line, exit 2."""
+
+    def __init__(self, field: str, value: Any, allowed: str) -> None:
+        self.field = field
+        self.value = value
+        self.allowed = allowed
+        super().__init__(f"{field}={value!r} is not valid: {allowed}")
+
+
+def require(condition: bool, field: str, value: Any, allowed: str) -> None:
+    """Raise InputError unless `condition` holds (validation at the boundary, not `assert`)."""
+    if not condition:
+        raise InputError(field, value, allowed)
+
+
+def positive_int(field: str, value: Any) -> int:
+    """Validate a strictly positive integer (bools and non-integral floats are refused)."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+    if isinstance(value, float) and value.is_integer() and value > 0:
+        return int(value)
+    require(ok, field, value, "a positive integer")
+    return int(value)
+
+
+def positive_number(field: str, value: Any) -> float:
+    """Validate a strictly positive finite number."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < float("inf")
+    require(ok, field, value, "a positive number")
+    return float(value)

@@ -1,0 +1,224 @@
+"""The memory ledger of one GPU: bytes by category for a model, a layout and a ZeRO stage.
+
+Model states follow the ZeRO paper's account (Rajbhandari et al. 2020, and the seeds): with
+mixed precision and Adam every parameter costs 2 bytes of 16-bit weights, 2 of 16-bit gradients
+and 12 of optimizer state (fp32 master, momentum, variance) = 16 bytes; stage k partitions the
+first k of (optimizer, gradients, parameters) across the Nd data-parallel ranks. TP divides the
+sharded tensors by t; PP gives each stage its layers. Activations come from `ModelSpec`'s tensor
+account (Korthikanti et al. 2022) times the micro-batches a pipeline stage keeps in flight.
+DeepSpeed's communication buffers (gradient buckets, ZeRO-3 gathered parameters) count too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from zsim.model import Layer, LayerKind, ModelKind, ModelSpec
+from zsim.parallel import (
+    Offload,
+    ParallelConfig,
+    PipelineSchedule,
+    Precision,
+    Recompute,
+    ZeroStage,
+)
+
+# Bytes per parameter of each model state (the seeds' table 2.1).
+FP32_BYTES = 4
+ADAM_MOMENTS = 2  # exp_avg and exp_avg_sq, fp32 each
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Bytes per parameter of each model state before partitioning."""
+
+    parameters: int
+    gradients: int
+    optimizer: int
+
+    @property
+    def total(self) -> int:
+        return self.parameters + self.gradients + self.optimizer
+
+
+def state_bytes(precision: Precision, stage: ZeroStage) -> StateBytes:
+    """16-bit training keeps an fp32 master copy in the optimizer (2 + 2 + 12 = 16 bytes).
+
+    fp32 training has no separate master in plain DP (4 + 4 + 8), but DeepSpeed's ZeRO-1/2/3
+    optimizers always build an fp32 copy of their partition (`single_partition_of_fp32_groups`
+    in stage_1_and_2.py, `fp32_partitioned_groups_flat` in stage3.py), so there the optimizer
+    partition holds master + m + v = 12 bytes.
+    """
+    p = precision.bytes
+    master = FP32_BYTES if precision.mixed or stage >= ZeroStage.OPTIMIZER else 0
+    return StateBytes(parameters=p, gradients=p, optimizer=master + ADAM_MOMENTS * FP32_BYTES)
+
+
+@dataclass(frozen=True)
+class MemoryLedger:
+    """Bytes on one device (and offloaded to its host), by category."""
+
+    parameters: float
+    gradients: float
+    optimizer_states: float
+    activations: float | None  # None when the model is known by parameter count only
+    comm_buffers: float
+    host_offloaded: float
+
+    @property
+    def model_states(self) -> float:
+        return self.parameters + self.gradients + self.optimizer_states
+
+    @property
+    def device_total(self) -> float:
+        return self.model_states + (self.activations or 0.0) + self.comm_buffers
+
+    def as_dict(self) -> dict[str, float | None]:
+        out: dict[str, float | None] = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["model_states"] = self.model_states
+        out["device_total"] = self.device_total
+        return out
+
+
+# ---- placement of layers on pipeline stages ------------------------------------------------
+
+
+def stage_layers(model: ModelSpec, pp: int, stage: int) -> tuple[Layer, ...]:
+    """The modules of one pipeline stage: blocks split evenly, embedding first, head last.
+
+    With tied embeddings the last stage holds a copy of the word embedding for the output
+    projection, as Megatron does (its gradient is all-reduced with the first stage's copy).
+    """
+    layers = model.layer_list()
+    if pp == 1:
+        return layers
+    blocks = [x for x in layers if x.kind in (LayerKind.BLOCK, LayerKind.LINEAR)]
+    per = len(blocks) // pp
+    chosen = list(blocks[stage * per : (stage + 1) * per])
+    if stage == 0:
+        chosen = [x for x in layers if x.kind is LayerKind.EMBEDDING] + chosen
+    if stage == pp - 1:
+        chosen += [x for x in layers if x.kind is LayerKind.HEAD]
+        if model.tied_embeddings and model.kind is ModelKind.TRANSFORMER:
+            embedding = next(x for x in layers if x.kind is LayerKind.EMBEDDING)
+            word = tuple(t for t in embedding.tensors if t.name == "wte")
+            chosen.append(Layer("word_embedding_copy", LayerKind.TIED_COPY, word))
+    return tuple(chosen)
+
+
+# ---- the ledger ---------------------------------------------------------------------------
+
+
+def model_state_bytes(params: float, cfg: ParallelConfig) -> tuple[float, float, float, float]:
+    """(parameters, gradients, optimizer, offloaded-to-host) bytes on one rank for `params`
+    parameters held by its TP/PP slice."""
+    per = state_bytes(cfg.precision, cfg.zero_stage)
+    nd = cfg.dp
+    stage = cfg.zero_stage
+    p = params * per.parameters / (nd if stage >= ZeroStage.PARAMETERS else 1)
+    g = params * per.gradients / (nd if stage >= ZeroStage.GRADIENTS else 1)
+    o = params * per.optimizer / (nd if stage >= ZeroStage.OPTIMIZER else 1)
+    host = 0.0
+    if cfg.offload is not Offload.NONE:
+        # ZeRO-Offload: master, m, v and an fp32 gradient partition live on the host
+        host += o + params * FP32_BYTES / nd
+        o = 0.0
+    if cfg.offload is Offload.OPTIMIZER_PARAMS:
+        host += p
+        p = 0.0
+    return p, g, o, host
+
+
+def in_flight_micro_batches(cfg: ParallelConfig, pipeline_stage: int = 0) -> float:
+    """Micro-batches whose activations a pipeline stage holds at its peak.
+
+    GPipe keeps all m. 1F1B and interleaved 1F1B keep their warm-up micro-batches plus one:
+    Megatron's `forward_backward_pipelining_with_interleaving` warms up (p-r-1)*2 + (v-1)*p
+    chunk micro-batches on rank r, each 1/v of the stage's layers, which is p - r for v = 1
+    (Narayanan et al. 2021) and p (1 + (p-1)/(p v)) on the first stage (Korthikanti et al.
+    2022, section 4.2.3). Never more than the m micro-batches of the step.
+    """
+    p, m, v, r = cfg.pp, cfg.grad_accum, cfg.virtual_stages, pipeline_stage
+    if p == 1:
+        return 1.0
+    if cfg.pp_schedule is PipelineSchedule.GPIPE:
+        return float(m)
+    warmup_chunks = (p - r - 1) * (2 if v > 1 else 1) + (v - 1) * p
+    return min((warmup_chunks + 1) / v, float(m))
+
+
+_SELECTIVE_DROPS = ("softmax_output", "softmax_dropout_mask", "dropped_softmax")
+
+
+def activation_bytes(
+    model: ModelSpec, cfg: ParallelConfig, layers: tuple[Layer, ...], pipeline_stage: int = 0
+) -> float:
+    """Activations of one pipeline stage at its peak (see `in_flight_micro_batches`)."""
+    from zsim.model import _Shape  # the tensor account lives with the model's shapes
+
+    shape = _Shape(model, cfg.micro_batch, cfg.tp, cfg.sequence_parallel, cfg.precision.bytes)
+    per_layer = []
+    for layer in layers:
+        saved = shape.saved(layer.kind, cfg.flash_attention)
+        if cfg.recompute is Recompute.SELECTIVE and layer.kind is LayerKind.BLOCK:
+            saved = {k: v for k, v in saved.items() if k not in _SELECTIVE_DROPS}
+        per_layer.append((layer.kind, sum(saved.values())))
+    if cfg.recompute is Recompute.FULL:
+        kept = model.layer_input_bytes(
+            cfg.micro_batch, cfg.tp, cfg.sequence_parallel, cfg.precision.bytes
+        )
+        recomputable = [b for k, b in per_layer if k in (LayerKind.BLOCK, LayerKind.LINEAR)]
+        others = sum(b for k, b in per_layer if k not in (LayerKind.BLOCK, LayerKind.LINEAR))
+        stored = kept * len(recomputable) + others
+        # during backward one layer is replayed and its full activations exist at once
+        working = max(recomputable, default=0.0)
+        in_flight = in_flight_micro_batches(cfg, pipeline_stage)
+        return stored * in_flight + working
+    return sum(b for _, b in per_layer) * in_flight_micro_batches(cfg, pipeline_stage)
+
+
+def comm_buffer_bytes(model: ModelSpec, cfg: ParallelConfig, layers: tuple[Layer, ...]) -> float:
+    """DeepSpeed's communication buffers on one rank.
+
+    Stages 1-2 with contiguous_gradients keep an IPG bucket of reduce_bucket_size elements
+    (two when overlap_comm double-buffers). Stage 3 keeps one reduce bucket, and parameters
+    gathered for compute: at most max_live_parameters plus a prefetch bucket, and never more
+    than the stage's layers. Bounded by the gradients they carry.
+    """
+    k = cfg.knobs
+    tp_params = sum(layer.params(cfg.tp) for layer in layers)
+    grad_b = cfg.precision.bytes
+    stage = cfg.zero_stage
+    if stage is ZeroStage.NONE:
+        return 0.0
+    buckets = 2 if cfg.overlap_comm else 1
+    reduce = min(k.reduce_bucket_size, tp_params) * grad_b * buckets
+    if stage < ZeroStage.PARAMETERS:
+        return reduce if k.contiguous_gradients else 0.0
+    largest = max((layer.params(cfg.tp) for layer in layers), default=0)
+    gathered = min(
+        tp_params, max(largest, min(k.max_live_parameters, tp_params)) + k.prefetch_bucket_size
+    )
+    if model.kind is ModelKind.PARAMS_ONLY:
+        gathered = 0  # no module structure: the gathered working set is unknown
+    return reduce + min(gathered, tp_params) * cfg.precision.bytes
+
+
+def ledger(model: ModelSpec, cfg: ParallelConfig, pipeline_stage: int = 0) -> MemoryLedger:
+    """The ledger of one rank of `pipeline_stage`."""
+    layers = stage_layers(model, cfg.pp, pipeline_stage)
+    params = sum(layer.params(cfg.tp) for layer in layers)
+    p, g, o, host = model_state_bytes(params, cfg)
+    acts = (
+        None
+        if model.kind is ModelKind.PARAMS_ONLY
+        else activation_bytes(model, cfg, layers, pipeline_stage)
+    )
+    return MemoryLedger(p, g, o, acts, comm_buffer_bytes(model, cfg, layers), host)
+
+
+def peak_ledger(model: ModelSpec, cfg: ParallelConfig) -> tuple[int, MemoryLedger]:
+    """The pipeline stage with the largest device total, and its ledger."""
+    ledgers = [ledger(model, cfg, s) for s in range(cfg.pp)]
+    worst = max(range(cfg.pp), key=lambda s: ledgers[s].device_total)
+    return worst, ledgers[worst]

@@ -1,0 +1,348 @@
+"""How a job is run: the parallel layout, ZeRO stage, batch, precision and DeepSpeed's knobs.
+
+`ParallelConfig` can be read from and written to a real DeepSpeed `ds_config.json` (as a dict;
+file I/O lives in `zsim.config_io`). Defaults follow DeepSpeed 0.19
+(`deepspeed/runtime/zero/config.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import IntEnum, StrEnum
+from typing import Any
+
+from zsim.errors import InputError, positive_int, require
+
+
+class ZeroStage(IntEnum):
+    """What ZeRO partitions across data-parallel ranks; each stage includes the ones below."""
+
+    NONE = 0
+    """Plain data parallelism: every rank holds all model states."""
+    OPTIMIZER = 1
+    """Optimizer states (fp32 master, Adam m and v) are partitioned."""
+    GRADIENTS = 2
+    """Gradients are partitioned too (reduced to their owner during backward)."""
+    PARAMETERS = 3
+    """Parameters are partitioned too, gathered per module when needed."""
+
+
+class Precision(StrEnum):
+    FP16 = "fp16"
+    BF16 = "bf16"
+    FP32 = "fp32"
+
+    @property
+    def bytes(self) -> int:
+        return 4 if self is Precision.FP32 else 2
+
+    @property
+    def mixed(self) -> bool:
+        return self is not Precision.FP32
+
+
+class Recompute(StrEnum):
+    NONE = "none"
+    SELECTIVE = "selective"  # recompute attention's softmax/dropout only (Korthikanti et al.)
+    FULL = "full"  # keep each layer's input, replay the forward in backward
+
+
+class Offload(StrEnum):
+    NONE = "none"
+    OPTIMIZER = "optimizer"  # ZeRO-Offload: optimizer states and step on the host
+    OPTIMIZER_PARAMS = "optimizer+params"  # ZeRO-Infinity (CPU): parameters too (stage 3 only)
+
+
+class PipelineSchedule(StrEnum):
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED = "interleaved"
+
+
+@dataclass(frozen=True)
+class ZeroKnobs:
+    """DeepSpeed's zero_optimization knobs that change memory or the communication schedule.
+
+    Sizes are in elements, as in DeepSpeed.
+    """
+
+    reduce_bucket_size: int = 500_000_000
+    allgather_bucket_size: int = 500_000_000
+    overlap_comm: bool | None = None  # None: DeepSpeed's default (True for stage 3 only)
+    contiguous_gradients: bool = True
+    reduce_scatter: bool = True
+    prefetch_bucket_size: int = 50_000_000
+    param_persistence_threshold: int = 100_000
+    max_live_parameters: int = 1_000_000_000
+    max_reuse_distance: int = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """The layout and batch of one job. World size = dp * tp * pp."""
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    zero_stage: ZeroStage = ZeroStage.NONE
+    micro_batch: int = 1
+    grad_accum: int = 1
+    precision: Precision = Precision.FP16
+    recompute: Recompute = Recompute.NONE
+    offload: Offload = Offload.NONE
+    sequence_parallel: bool = False
+    pp_schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B
+    virtual_stages: int = 1  # model chunks per pipeline rank (interleaved 1F1B)
+    flash_attention: bool = False
+    knobs: ZeroKnobs = field(default_factory=ZeroKnobs)
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "tp", "pp", "micro_batch", "grad_accum", "virtual_stages"):
+            positive_int(name, getattr(self, name))
+        require(
+            self.offload is not Offload.OPTIMIZER_PARAMS or self.zero_stage is ZeroStage.PARAMETERS,
+            "offload",
+            str(self.offload),
+            "optimizer+params offload needs ZeRO stage 3",
+        )
+        require(
+            self.offload is Offload.NONE or self.zero_stage >= ZeroStage.OPTIMIZER,
+            "offload",
+            str(self.offload),
+            "offload needs ZeRO stage 1, 2 or 3",
+        )
+        require(
+            not self.sequence_parallel or self.tp > 1,
+            "sequence_parallel",
+            True,
+            "sequence parallelism needs tp > 1",
+        )
+        require(
+            self.virtual_stages == 1 or self.pp_schedule is PipelineSchedule.INTERLEAVED,
+            "virtual_stages",
+            self.virtual_stages,
+            "1 unless --pp-schedule interleaved",
+        )
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    @property
+    def global_batch(self) -> int:
+        """DeepSpeed's train_batch_size: micro_batch x grad_accum x dp."""
+        return self.micro_batch * self.grad_accum * self.dp
+
+    @property
+    def overlap_comm(self) -> bool:
+        if self.knobs.overlap_comm is None:
+            return self.zero_stage is ZeroStage.PARAMETERS
+        return self.knobs.overlap_comm
+
+
+def resolve_batch(
+    dp: int, micro_batch: int | None, grad_accum: int | None, global_batch: int | None
+) -> tuple[int, int]:
+    """(micro_batch, grad_accum) from any two of the three, by DeepSpeed's rule.
+
+    Mirrors `DeepSpeedConfig._set_batch_related_parameters` and `_batch_assertion`:
+    train_batch_size = micro_batch x grad_accum x dp, refused when inconsistent.
+    """
+    for name, value in (
+        ("micro_batch", micro_batch),
+        ("grad_accum", grad_accum),
+        ("global_batch", global_batch),
+    ):
+        if value is not None:
+            positive_int(name, value)
+    if global_batch is None:
+        return micro_batch or 1, grad_accum or 1
+    if micro_batch is None:
+        micro_batch = global_batch // dp // (grad_accum or 1)
+    if grad_accum is None:
+        grad_accum = global_batch // micro_batch // dp if micro_batch else 0
+    if micro_batch < 1 or grad_accum < 1 or micro_batch * grad_accum * dp != global_batch:
+        raise InputError(
+            "global_batch",
+            global_batch,
+            "train_batch_size must equal micro_batch_per_gpu * gradient_acc_step * world_size "
+            f"(dp): {global_batch} != {micro_batch} * {grad_accum} * {dp}",
+        )
+    return micro_batch, grad_accum
+
+
+# ---- DeepSpeed config ---------------------------------------------------------------------
+
+_KNOB_KEYS = {
+    "reduce_bucket_size": "reduce_bucket_size",
+    "allgather_bucket_size": "allgather_bucket_size",
+    "overlap_comm": "overlap_comm",
+    "contiguous_gradients": "contiguous_gradients",
+    "reduce_scatter": "reduce_scatter",
+    "stage3_prefetch_bucket_size": "prefetch_bucket_size",
+    "stage3_param_persistence_threshold": "param_persistence_threshold",
+    "stage3_max_live_parameters": "max_live_parameters",
+    "stage3_max_reuse_distance": "max_reuse_distance",
+}
+
+
+def _no_auto(key: str, value: Any) -> Any:
+    if value == "auto":
+        raise InputError(
+            key,
+            "auto",
+            'a concrete value: "auto" is filled in by the Hugging Face '
+            "Trainer integration, not by DeepSpeed; give the number, or the flag",
+        )
+    return value
+
+
+def _precision(ds: dict[str, Any]) -> Precision:
+    enabled = [
+        p
+        for p in (Precision.FP16, Precision.BF16)
+        if _no_auto(f"{p}.enabled", ds.get(str(p), {}).get("enabled", False)) is True
+    ]
+    require(len(enabled) <= 1, "fp16/bf16", "both enabled", "at most one of fp16 and bf16")
+    return enabled[0] if enabled else Precision.FP32
+
+
+def _offload(zero: dict[str, Any]) -> Offload:
+    def on(key: str) -> bool:
+        device = (zero.get(key) or {}).get("device", "none")
+        require(
+            device in ("none", "cpu"),
+            f"zero_optimization.{key}.device",
+            device,
+            "none or cpu (NVMe offload is not modelled)",
+        )
+        return bool(device == "cpu")
+
+    if on("offload_param"):
+        return Offload.OPTIMIZER_PARAMS
+    return Offload.OPTIMIZER if on("offload_optimizer") else Offload.NONE
+
+
+def from_ds_config(
+    ds: dict[str, Any], dp: int | None = None, tp: int = 1, pp: int = 1, **overrides: Any
+) -> ParallelConfig:
+    """A ParallelConfig from a DeepSpeed config dict; dp from the argument or the batch rule."""
+    require(isinstance(ds, dict), "ds_config", type(ds).__name__, "a JSON object")
+    zero = ds.get("zero_optimization", {}) or {}
+    require(isinstance(zero, dict), "zero_optimization", zero, "a JSON object")
+    stage = _no_auto("zero_optimization.stage", zero.get("stage", 0))
+    require(
+        stage in (0, 1, 2, 3) and not isinstance(stage, bool),
+        "zero_optimization.stage",
+        stage,
+        "0, 1, 2 or 3",
+    )
+    batch = {
+        k: _no_auto(k, ds.get(k))
+        for k in (
+            "train_batch_size",
+            "train_micro_batch_size_per_gpu",
+            "gradient_accumulation_steps",
+        )
+    }
+    if dp is None:
+        dp = _dp_from_batch(batch)
+    micro, accum = resolve_batch(
+        dp,
+        batch["train_micro_batch_size_per_gpu"],
+        batch["gradient_accumulation_steps"],
+        batch["train_batch_size"],
+    )
+    knobs = {
+        name: _no_auto(f"zero_optimization.{key}", zero[key])
+        for key, name in _KNOB_KEYS.items()
+        if key in zero
+    }
+    for name, value in knobs.items():
+        if name not in ("overlap_comm", "contiguous_gradients", "reduce_scatter"):
+            knobs[name] = positive_int(f"zero_optimization.{name}", value)
+    fields: dict[str, Any] = {
+        "dp": dp,
+        "tp": tp,
+        "pp": pp,
+        "zero_stage": ZeroStage(stage),
+        "micro_batch": micro,
+        "grad_accum": accum,
+        "precision": _precision(ds),
+        "offload": _offload(zero),
+        "knobs": ZeroKnobs(**knobs),
+    }
+    if (ds.get("activation_checkpointing") or {}).get("partition_activations") is not None:
+        fields["recompute"] = Recompute.FULL
+    fields.update({k: v for k, v in overrides.items() if v is not None})
+    return ParallelConfig(**fields)
+
+
+def _dp_from_batch(batch: dict[str, Any]) -> int:
+    train, micro, accum = (
+        batch["train_batch_size"],
+        batch["train_micro_batch_size_per_gpu"],
+        batch["gradient_accumulation_steps"],
+    )
+    if train is None or micro is None:
+        raise InputError(
+            "dp",
+            None,
+            "give --dp, or all of train_batch_size, "
+            "train_micro_batch_size_per_gpu (and gradient_accumulation_steps) "
+            "in ds_config.json so dp follows from the batch rule",
+        )
+    positive_int("train_batch_size", train)
+    positive_int("train_micro_batch_size_per_gpu", micro)
+    per_rank = micro * (positive_int("gradient_accumulation_steps", accum) if accum else 1)
+    require(
+        train % per_rank == 0,
+        "train_batch_size",
+        train,
+        f"a multiple of micro_batch x grad_accum = {per_rank}",
+    )
+    return int(train // per_rank)
+
+
+def to_ds_config(cfg: ParallelConfig) -> dict[str, Any]:
+    """A DeepSpeed config that runs this layout (the ZeRO part; TP/PP belong to Megatron)."""
+    k = cfg.knobs
+    zero: dict[str, Any] = {
+        "stage": int(cfg.zero_stage),
+        "overlap_comm": cfg.overlap_comm,
+        "contiguous_gradients": k.contiguous_gradients,
+        "reduce_scatter": k.reduce_scatter,
+        "reduce_bucket_size": k.reduce_bucket_size,
+        "allgather_bucket_size": k.allgather_bucket_size,
+    }
+    if cfg.zero_stage is ZeroStage.PARAMETERS:
+        zero |= {
+            "stage3_prefetch_bucket_size": k.prefetch_bucket_size,
+            "stage3_param_persistence_threshold": k.param_persistence_threshold,
+            "stage3_max_live_parameters": k.max_live_parameters,
+            "stage3_max_reuse_distance": k.max_reuse_distance,
+        }
+    if cfg.offload is not Offload.NONE:
+        zero["offload_optimizer"] = {"device": "cpu"}
+    if cfg.offload is Offload.OPTIMIZER_PARAMS:
+        zero["offload_param"] = {"device": "cpu"}
+    ds: dict[str, Any] = {
+        "train_batch_size": cfg.global_batch,
+        "train_micro_batch_size_per_gpu": cfg.micro_batch,
+        "gradient_accumulation_steps": cfg.grad_accum,
+        "zero_optimization": zero,
+        "optimizer": {"type": "Adam", "params": {"lr": 1e-4}},
+    }
+    if cfg.precision.mixed:
+        ds[str(cfg.precision)] = {"enabled": True}
+    return ds
+
+
+def with_stage(cfg: ParallelConfig, stage: ZeroStage) -> ParallelConfig:
+    """The same job at another ZeRO stage (offload kept only where that stage allows it)."""
+    offload = cfg.offload
+    if stage is ZeroStage.NONE:
+        offload = Offload.NONE
+    elif stage is not ZeroStage.PARAMETERS and offload is Offload.OPTIMIZER_PARAMS:
+        offload = Offload.OPTIMIZER
+    return replace(cfg, zero_stage=stage, offload=offload)
