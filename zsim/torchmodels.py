@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn import functional as F  # noqa: N812
+from torch.nn import functional as F
 
 from zsim.model import LayerKind, ModelKind, ModelSpec
 
@@ -45,8 +45,9 @@ class Block(nn.Module):
             k = k.repeat_interleave(s.heads // s.n_kv_heads, dim=1)
             v = v.repeat_interleave(s.heads // s.n_kv_heads, dim=1)
         if self.flash:
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.p if self.training else 0.0,
-                                               is_causal=True)
+            y = F.scaled_dot_product_attention(
+                q, k, v, dropout_p=self.p if self.training else 0.0, is_causal=True
+            )
         else:
             scores = (q @ k.transpose(-2, -1)) / math.sqrt(s.head_dim)
             mask = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
@@ -83,8 +84,9 @@ class Head(nn.Module):
     def __init__(self, spec: ModelSpec, embedding: Embedding) -> None:
         super().__init__()
         self.ln_f = (nn.RMSNorm if spec.rmsnorm else nn.LayerNorm)(spec.hidden)
-        self.lm_head = None if spec.tied_embeddings else nn.Linear(spec.hidden, spec.vocab,
-                                                                   bias=False)
+        self.lm_head = (
+            None if spec.tied_embeddings else nn.Linear(spec.hidden, spec.vocab, bias=False)
+        )
         self._tied = [embedding]  # a list so the tied module is not registered twice
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -130,8 +132,9 @@ def build(spec: ModelSpec, flash: bool = False) -> nn.Module:
     raise ValueError(f"{spec.name}: a model known only by its parameter count cannot be built")
 
 
-def batch(spec: ModelSpec, micro_batch: int, dtype: torch.dtype = torch.float32,
-          device: Any = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+def batch(
+    spec: ModelSpec, micro_batch: int, dtype: torch.dtype = torch.float32, device: Any = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A random (input, target) micro-batch of the right shapes."""
     if spec.kind is ModelKind.MLP:
         x = torch.randn(micro_batch, spec.hidden, dtype=dtype, device=device)
