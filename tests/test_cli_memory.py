@@ -54,8 +54,10 @@ def test_reads_a_real_ds_config(capsys, tmp_path):
         (["--params", "7.5e9", "--dp", "-2"], "dp='-2'"),
         (["--params", "7.5e9", "--dp", "2.5"], "dp='2.5'"),
         (["--model", "gpt-1.3b", "--micro-batch", "0"], "micro_batch"),
-        (["--model", "gpt-1.3b", "--dp", "8", "--global-batch", "100", "--micro-batch", "3"],
-         "train_batch_size must equal"),
+        (
+            ["--model", "gpt-1.3b", "--dp", "8", "--global-batch", "100", "--micro-batch", "3"],
+            "train_batch_size must equal",
+        ),
         (["--model", "gpt-1.3b", "--tp", "3"], "tp=3"),
         (["--model", "gpt-1.3b", "--gpu", "a100"], "gpu='a100'"),
     ],
@@ -89,8 +91,9 @@ def test_bad_ds_config(capsys, tmp_path, content, needle):
 
 def test_stage_4_and_unknown_flag_exit_2_without_traceback():
     for argv in (["run", "--stage", "4"], ["memory", "--bogus"]):
-        proc = subprocess.run([sys.executable, "-m", "zsim.cli", *argv],
-                              capture_output=True, text=True, check=False)
+        proc = subprocess.run(
+            [sys.executable, "-m", "zsim.cli", *argv], capture_output=True, text=True, check=False
+        )
         assert proc.returncode == 2
         assert "Traceback" not in proc.stderr
         assert proc.stderr.count("\n") == 1

@@ -9,11 +9,26 @@ from zsim.model import ModelKind, ModelSpec, preset, with_overrides  # noqa: E40
 
 SMALL = [
     with_overrides(preset("gpt-125m"), layers=2, hidden=128, heads=4, seq_len=64, vocab=1000),
-    with_overrides(preset("llama-7b"), layers=2, hidden=128, heads=4, seq_len=64, vocab=1000,
-                   ffn_hidden=344),
-    ModelSpec("gqa", ModelKind.TRANSFORMER, 2, 128, 8, 256, 32, 500, kv_heads=2,
-              tied_embeddings=False, gated_mlp=True, rmsnorm=True, bias=False,
-              learned_positions=False, dropout=False),
+    with_overrides(
+        preset("llama-7b"), layers=2, hidden=128, heads=4, seq_len=64, vocab=1000, ffn_hidden=344
+    ),
+    ModelSpec(
+        "gqa",
+        ModelKind.TRANSFORMER,
+        2,
+        128,
+        8,
+        256,
+        32,
+        500,
+        kv_heads=2,
+        tied_embeddings=False,
+        gated_mlp=True,
+        rmsnorm=True,
+        bias=False,
+        learned_positions=False,
+        dropout=False,
+    ),
     with_overrides(preset("toy-mlp"), hidden=256),
 ]
 
