@@ -55,6 +55,14 @@ class LayerTime:
 
 
 @dataclass(frozen=True)
+class LinkFit:
+    """A link class's fitted latency and bandwidth (per direction), from calibration."""
+
+    latency_s: float
+    bandwidth_bytes_per_s: float
+
+
+@dataclass(frozen=True)
 class DeviceProfile:
     """What the simulator knows of one device (a GPU, or a CPU socket acting as one)."""
 
@@ -67,6 +75,7 @@ class DeviceProfile:
     optimizer_bytes_per_s: float  # streaming rate of the fused Adam step on the device
     host_adam_params_per_s: float = 0.0  # CPU Adam rate for offload; 0 = unknown
     layer_times: Mapping[str, LayerTime] = field(default_factory=dict)
+    links: Mapping[str, LinkFit] = field(default_factory=dict)  # by link class; overrides presets
     notes: tuple[str, ...] = ()
 
     @property
