@@ -101,7 +101,7 @@ def stage_layers(model: ModelSpec, pp: int, stage: int) -> tuple[Layer, ...]:
         chosen += [x for x in layers if x.kind is LayerKind.HEAD]
         if model.tied_embeddings and model.kind is ModelKind.TRANSFORMER:
             embedding = next(x for x in layers if x.kind is LayerKind.EMBEDDING)
-            word = tuple(t for t in embedding.tensors if t.name == "wte")
+            word = tuple(t for t in embedding.tensors if t.name == "wte.weight")
             chosen.append(Layer("word_embedding_copy", LayerKind.TIED_COPY, word))
     return tuple(chosen)
 

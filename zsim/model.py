@@ -54,6 +54,7 @@ class ComputeOp:
     bytes_moved: float
     gemm_shape: tuple[int, int, int] = (0, 0, 0)
     gemm_batch: int = 1
+    modules: tuple[str, ...] = ()  # submodules whose parameters it reads (ZeRO-3 gathers them)
 
 
 @dataclass(frozen=True)
@@ -138,9 +139,9 @@ class ModelSpec:
 
     def _linear_layer(self, i: int) -> Layer:
         h = self.hidden
-        tensors = [ParamTensor("weight", h * h, True)]
+        tensors = [ParamTensor("linear.weight", h * h, True)]
         if self.bias:
-            tensors.append(ParamTensor("bias", h, True))
+            tensors.append(ParamTensor("linear.bias", h, True))
         return Layer(f"linear{i}", LayerKind.LINEAR, tuple(tensors))
 
     def _norm(self, name: str) -> list[ParamTensor]:
@@ -171,15 +172,15 @@ class ModelSpec:
         return Layer(f"block{i}", LayerKind.BLOCK, tuple(tensors))
 
     def _embedding(self) -> Layer:
-        tensors = [ParamTensor("wte", self.vocab * self.hidden, True)]
+        tensors = [ParamTensor("wte.weight", self.vocab * self.hidden, True)]
         if self.learned_positions:
-            tensors.append(ParamTensor("wpe", self.seq_len * self.hidden, False))
+            tensors.append(ParamTensor("wpe.weight", self.seq_len * self.hidden, False))
         return Layer("embedding", LayerKind.EMBEDDING, tuple(tensors))
 
     def _head(self) -> Layer:
         tensors = self._norm("ln_f")
         if not self.tied_embeddings:
-            tensors.append(ParamTensor("lm_head", self.vocab * self.hidden, True))
+            tensors.append(ParamTensor("lm_head.weight", self.vocab * self.hidden, True))
         return Layer("head", LayerKind.HEAD, tuple(tensors))
 
     # ---- compute ----------------------------------------------------------------------------
@@ -204,6 +205,33 @@ class ModelSpec:
         if layer.kind is LayerKind.HEAD:
             return shape.head()
         return shape.block(flash_attention)
+
+    def backward_ops(self, forward: tuple[ComputeOp, ...]) -> tuple[ComputeOp, ...]:
+        """The kernels of the backward pass of `forward`.
+
+        A GEMM C = AB has two backward GEMMs of the same FLOPs: dA = dC B^T and dB = A^T dC.
+        Flash attention's backward does 5 matmuls to the forward's 2 (Dao 2023): 2.5x.
+        A bandwidth-bound kernel reads the output gradient and its saved input and writes the
+        input gradient: 3 tensors for the forward's 2, so 1.5x the bytes.
+        """
+        out: list[ComputeOp] = []
+        for op in forward:
+            if op.kind is OpKind.GEMM:
+                m, n, k = op.gemm_shape
+                out.append(replace(op, name=f"{op.name}_dgrad", gemm_shape=(m, k, n)))
+                out.append(replace(op, name=f"{op.name}_wgrad", gemm_shape=(k, n, m)))
+            elif op.kind is OpKind.ATTENTION:
+                out.append(
+                    replace(
+                        op,
+                        name=f"{op.name}_bwd",
+                        flops=2.5 * op.flops,
+                        bytes_moved=2.0 * op.bytes_moved,
+                    )
+                )
+            else:
+                out.append(replace(op, name=f"{op.name}_bwd", bytes_moved=1.5 * op.bytes_moved))
+        return tuple(out)
 
     def forward_flops(self, micro_batch: int = 1) -> float:
         """Model FLOPs of one forward pass over `micro_batch` sequences (no TP, no recompute)."""
@@ -238,6 +266,15 @@ class ModelSpec:
         return int(shape.tokens * self.hidden * dtype_bytes / shape.sp)
 
 
+def _mods(module: str) -> tuple[str, ...]:
+    return tuple(module.split(",")) if module else ()
+
+
+def module_of(tensor: ParamTensor) -> str:
+    """The submodule a parameter belongs to ("qkv" for "qkv.weight")."""
+    return tensor.name.split(".")[0]
+
+
 class _Shape:
     """Tensor shapes of one micro-batch on one TP rank; the single home of FLOP/byte formulas."""
 
@@ -250,33 +287,48 @@ class _Shape:
         self.sp = tp if sp else 1  # sequence parallel splits the replicated sbh tensors by tp
         self.d = dtype_bytes
 
-    def gemm(self, name: str, m: int, n: int, k: int, batch: int = 1) -> ComputeOp:
+    def gemm(
+        self, name: str, m: int, n: int, k: int, batch: int = 1, module: str = ""
+    ) -> ComputeOp:
         """C[m,n] = A[m,k] B[k,n]: 2mnk FLOPs, reads A and B, writes C."""
         flops = 2.0 * m * n * k * batch
         moved = float(batch * (m * k + k * n + m * n) * self.d)
-        return ComputeOp(name, OpKind.GEMM, flops, moved, (m, n, k), batch)
+        return ComputeOp(name, OpKind.GEMM, flops, moved, (m, n, k), batch, _mods(module))
 
-    def memory(self, name: str, elements: float, passes: float = 2.0) -> ComputeOp:
+    def memory(
+        self, name: str, elements: float, passes: float = 2.0, module: str = ""
+    ) -> ComputeOp:
         """A bandwidth-bound kernel touching `elements` values `passes` times (read + write)."""
-        return ComputeOp(name, OpKind.MEMORY, 0.0, elements * passes * self.d)
+        return ComputeOp(
+            name, OpKind.MEMORY, 0.0, elements * passes * self.d, modules=_mods(module)
+        )
 
     def linear(self) -> tuple[ComputeOp, ...]:
         h = self.m.hidden
-        ops = [self.gemm("linear", self.tokens, h // self.tp, h)]
+        ops = [self.gemm("linear", self.tokens, h // self.tp, h, module="linear")]
         if self.m.bias:
-            ops.append(self.memory("bias", self.tokens * h / self.tp))
+            ops.append(self.memory("bias", self.tokens * h / self.tp, module="linear"))
         return tuple(ops)
 
     def embedding(self) -> tuple[ComputeOp, ...]:
         sbh = self.tokens * self.m.hidden
-        return (self.memory("embedding_lookup", sbh / self.sp, passes=3.0),)
+        return (
+            self.memory(
+                "embedding_lookup",
+                sbh / self.sp,
+                passes=3.0,
+                module="wte,wpe" if self.m.learned_positions else "wte",
+            ),
+        )
 
     def head(self) -> tuple[ComputeOp, ...]:
         h, v = self.m.hidden, math.ceil(self.m.vocab / self.tp)
         sbh = self.tokens * h
         return (
-            self.memory("ln_f", sbh / self.sp),
-            self.gemm("logits", self.tokens, v, h),
+            self.memory("ln_f", sbh / self.sp, module="ln_f"),
+            self.gemm(
+                "logits", self.tokens, v, h, module="wte" if self.m.tied_embeddings else "lm_head"
+            ),
             # cross-entropy on fp32 logits: softmax reads and writes the vocab-sized tensor
             ComputeOp("cross_entropy", OpKind.MEMORY, 0.0, 3.0 * self.tokens * v * 4),
         )
@@ -289,8 +341,8 @@ class _Shape:
         fc1_out = f * (2 if m.gated_mlp else 1) // t
         sbh_rep = tok * h / self.sp  # replicated across TP unless sequence parallel
         ops = [
-            self.memory("ln1", sbh_rep),
-            self.gemm("qkv", tok, qkv_out, h),
+            self.memory("ln1", sbh_rep, module="ln1"),
+            self.gemm("qkv", tok, qkv_out, h, module="qkv"),
         ]
         if flash:
             ops.append(
@@ -309,12 +361,12 @@ class _Shape:
                 self.gemm("attn_values", self.s, hd, self.s, batch=self.b * heads),
             ]
         ops += [
-            self.gemm("proj", tok, h, h // t),
+            self.gemm("proj", tok, h, h // t, module="proj"),
             self.memory("residual1", sbh_rep, passes=4.0 if m.dropout else 3.0),
-            self.memory("ln2", sbh_rep),
-            self.gemm("fc1", tok, fc1_out, h),
+            self.memory("ln2", sbh_rep, module="ln2"),
+            self.gemm("fc1", tok, fc1_out, h, module="fc1"),
             self.memory("activation", tok * f / t, passes=3.0 if m.gated_mlp else 2.0),
-            self.gemm("fc2", tok, h, f // t),
+            self.gemm("fc2", tok, h, f // t, module="fc2"),
             self.memory("residual2", sbh_rep, passes=4.0 if m.dropout else 3.0),
         ]
         return tuple(ops)
