@@ -1,0 +1,281 @@
+"""What a calibration run measures (`Plan`), and the rows it returns (`Measurement`).
+
+The runner builds a Plan from the flags and hands it to every worker as JSON; the workers
+return Measurement rows (each with all its repeat times), which the fit turns into a profile.
+Both travel as plain dicts, so this module needs neither torch nor files.
+
+Sizes follow nccl-tests (`doc/PERFORMANCE.md`): a collective's size S is the per-rank buffer
+for all_reduce, broadcast and send/recv, the *output* for all_gather and the *input* for
+reduce_scatter; algbw = S / t and busbw = algbw x `bus_factor`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+
+from zsim.errors import InputError, require
+from zsim.model import ComputeOp, LayerKind, ModelKind, ModelSpec, OpKind
+
+PROGRESS = "@zsim-progress"  # the worker's progress lines: PROGRESS DONE TOTAL LABEL
+
+
+class Kind(StrEnum):
+    """What a measurement row times."""
+
+    GEMM = "gemm"  # torch.mm / torch.bmm at (m, n, k) x batch
+    MEMORY = "memory"  # a bandwidth-bound kernel (add, copy) over a size
+    ATTENTION = "attention"  # fused scaled_dot_product_attention at a model's shape
+    LAYER_FORWARD = "layer_forward"  # one module of the model, forward
+    LAYER_BACKWARD = "layer_backward"  # the same module, backward
+    HOST_COPY = "host_copy"  # host -> device and device -> host (offload); a memcpy on CPU
+    OPTIMIZER = "optimizer"  # one AdamW step over a flat fp32 tensor
+    COLLECTIVE = "collective"  # a torch.distributed collective over a process group
+
+
+class Collective(StrEnum):
+    """The torch.distributed calls DeepSpeed training issues (see notes/collectives_algorithms)."""
+
+    ALL_GATHER = "all_gather_into_tensor"
+    REDUCE_SCATTER = "reduce_scatter_tensor"
+    ALL_REDUCE = "all_reduce"
+    BROADCAST = "broadcast"
+    SENDRECV = "sendrecv"  # every rank sends to rank+1 and receives from rank-1 at once
+
+
+def bus_factor(op: Collective, ranks: int) -> float:
+    """nccl-tests' busbw / algbw factor (`src/*.cu` `*GetBw`)."""
+    if op in (Collective.ALL_GATHER, Collective.REDUCE_SCATTER):
+        return (ranks - 1) / ranks
+    if op is Collective.ALL_REDUCE:
+        return 2 * (ranks - 1) / ranks
+    return 1.0
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One measured quantity: its repeat times (seconds per call, max over ranks) and what it is.
+
+    Only the fields that apply to the kind are set; the others keep their zero defaults.
+    """
+
+    kind: Kind
+    op: str
+    dtype: str
+    samples_s: tuple[float, ...]
+    size_bytes: float = 0.0  # MEMORY: bytes moved; HOST_COPY: bytes copied; COLLECTIVE: S
+    flops: float = 0.0  # GEMM, ATTENTION
+    shape: tuple[int, int, int, int] = (0, 0, 0, 0)  # GEMM: (m, n, k, batch)
+    params: int = 0  # OPTIMIZER: parameters stepped
+    layer_key: str = ""  # LAYER_*: zsim.hardware.layer_key of the layer and shape
+    micro_batch: int = 0  # LAYER_*, ATTENTION
+    group: str = ""  # COLLECTIVE: intra, inter or full
+    ranks: int = 0  # COLLECTIVE: group size
+    link_class: str = ""  # COLLECTIVE: the topology's link class the group's traffic crosses
+    inner: int = 1  # calls per timed sample (small ops are timed in loops)
+
+    def __post_init__(self) -> None:
+        require(len(self.samples_s) > 0, "samples_s", self.samples_s, "at least one sample")
+
+    @property
+    def median_s(self) -> float:
+        return float(np.median(self.samples_s))
+
+    @property
+    def q1_s(self) -> float:
+        return float(np.percentile(self.samples_s, 25))
+
+    @property
+    def q3_s(self) -> float:
+        return float(np.percentile(self.samples_s, 75))
+
+    @property
+    def iqr_rel(self) -> float:
+        """The spread: interquartile range over the median."""
+        return (self.q3_s - self.q1_s) / self.median_s
+
+    @property
+    def label(self) -> str:
+        """A short human name for tables and error messages."""
+        if self.kind is Kind.GEMM:
+            m, n, k, b = self.shape
+            return f"{self.op} {m}x{n}x{k}" + (f" x{b}" if b > 1 else "")
+        if self.kind in (Kind.LAYER_FORWARD, Kind.LAYER_BACKWARD):
+            return f"{self.kind} {self.layer_key}"
+        if self.kind is Kind.OPTIMIZER:
+            return f"{self.op} {self.params} params"
+        if self.kind is Kind.COLLECTIVE:
+            return f"{self.op} {self.group} n={self.ranks} {self.size_bytes:.0f} B"
+        return f"{self.op} {self.size_bytes:.0f} B"
+
+    def with_samples(self, samples_s: tuple[float, ...]) -> Measurement:
+        return dataclasses.replace(self, samples_s=samples_s)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            k: (list(v) if isinstance(v, tuple) else str(v) if isinstance(v, Kind) else v)
+            for k, v in dataclasses.asdict(self).items()
+        }
+
+    @staticmethod
+    def from_dict(row: dict[str, Any]) -> Measurement:
+        known = {f.name for f in dataclasses.fields(Measurement)}
+        extra = sorted(set(row) - known)
+        require(not extra, "measurement", extra, f"only the fields {sorted(known)}")
+        for name in ("kind", "op", "dtype", "samples_s"):
+            require(name in row, f"measurement.{name}", None, "present in every measurement")
+        try:
+            kind = Kind(row["kind"])
+        except ValueError:
+            raise InputError("measurement.kind", row["kind"], "one of " + ", ".join(Kind)) from None
+        samples = row["samples_s"]
+        ok = isinstance(samples, list) and all(
+            isinstance(s, int | float) and not isinstance(s, bool) and s > 0 for s in samples
+        )
+        require(ok and len(samples) > 0, "measurement.samples_s", samples, "positive seconds")
+        values = dict(row, kind=kind, samples_s=tuple(float(s) for s in samples))
+        if "shape" in row:
+            values["shape"] = tuple(int(x) for x in row["shape"])
+        return Measurement(**values)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything a worker needs to know; built by the runner, sent as JSON."""
+
+    device: str  # cpu or cuda
+    dtype: str  # fp32, bf16 or fp16
+    models: tuple[ModelSpec, ...] = ()
+    micro_batches: tuple[int, ...] = (1, 2, 4)
+    flash_attention: bool = False
+    gemm_shapes: tuple[tuple[int, int, int, int], ...] = ()
+    memory_sizes_bytes: tuple[int, ...] = ()
+    host_copy_sizes_bytes: tuple[int, ...] = ()
+    adam_params: tuple[int, ...] = ()
+    collectives: tuple[Collective, ...] = tuple(Collective)
+    collective_sizes_bytes: tuple[int, ...] = ()
+    link_classes: dict[str, str] = field(default_factory=dict)  # group -> link class
+    warmup: int = 3
+    repeats: int = 15
+    min_sample_s: float = 0.002  # small ops are looped until one sample takes this long
+    max_row_s: float = 6.0  # fewer repeats (not fewer than 5) for rows slower than this
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["models"] = [_model_dict(m) for m in self.models]
+        return out
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> Plan:
+        values = dict(d)
+        values["models"] = tuple(
+            ModelSpec(**dict(m, kind=ModelKind(m["kind"]))) for m in d["models"]
+        )
+        values["collectives"] = tuple(Collective(c) for c in d["collectives"])
+        values["gemm_shapes"] = tuple(tuple(s) for s in d["gemm_shapes"])
+        for name in (
+            "micro_batches",
+            "memory_sizes_bytes",
+            "host_copy_sizes_bytes",
+            "adam_params",
+            "collective_sizes_bytes",
+        ):
+            values[name] = tuple(d[name])
+        return Plan(**values)
+
+
+def _model_dict(model: ModelSpec) -> dict[str, Any]:
+    return {
+        k: str(v) if isinstance(v, ModelKind) else v for k, v in dataclasses.asdict(model).items()
+    }
+
+
+# ---- what to measure ----------------------------------------------------------------------
+
+
+def powers(start: int, stop: int, factor: int = 4) -> tuple[int, ...]:
+    """start, start*factor, ... up to and including stop."""
+    out = [start]
+    while out[-1] * factor <= stop:
+        out.append(out[-1] * factor)
+    return tuple(out)
+
+
+def model_gemm_shapes(
+    model: ModelSpec, micro_batches: tuple[int, ...], flash_attention: bool
+) -> set[tuple[int, int, int, int]]:
+    """The (m, n, k, batch) of every GEMM the simulator will time for `model`: the forward
+    GEMMs and their backward ones (`ModelSpec.backward_ops`), at each micro-batch size."""
+    shapes: set[tuple[int, int, int, int]] = set()
+    layers = {layer.kind: layer for layer in model.layer_list()}
+    for mb in micro_batches:
+        for layer in layers.values():
+            forward = model.forward_ops(layer, mb, flash_attention=flash_attention)
+            for op in (*forward, *model.backward_ops(forward)):
+                if op.kind is OpKind.GEMM:
+                    shapes.add((*op.gemm_shape, op.gemm_batch))
+    return shapes
+
+
+def attention_ops(
+    model: ModelSpec, micro_batches: tuple[int, ...], dtype_bytes: int
+) -> list[tuple[int, ComputeOp]]:
+    """(micro-batch, the fused attention op) of a transformer, at each micro-batch size."""
+    if model.kind is not ModelKind.TRANSFORMER:
+        return []
+    block = next(la for la in model.layer_list() if la.kind is LayerKind.BLOCK)
+    out = []
+    for mb in micro_batches:
+        ops = model.forward_ops(block, mb, flash_attention=True, dtype_bytes=dtype_bytes)
+        out += [(mb, op) for op in ops if op.kind is OpKind.ATTENTION]
+    return out
+
+
+def layer_kinds(model: ModelSpec) -> list[LayerKind]:
+    """The distinct layer kinds of a model, in forward order."""
+    seen: list[LayerKind] = []
+    for layer in model.layer_list():
+        if layer.kind not in seen and layer.kind is not LayerKind.TIED_COPY:
+            seen.append(layer.kind)
+    return seen
+
+
+def default_plan(
+    device: str,
+    dtype: str,
+    models: tuple[ModelSpec, ...],
+    micro_batches: tuple[int, ...],
+    quick: bool,
+    flash_attention: bool = False,
+    link_classes: dict[str, str] | None = None,
+    max_collective_bytes: int = 256 * 2**20,
+) -> Plan:
+    """The standard measurement set; `quick` is a small one for tests (well under a minute)."""
+    squares = powers(64, 512, 2) if quick else powers(64, 2048, 2)
+    gemms = {(s, s, s, 1) for s in squares}
+    for model in models:
+        gemms |= model_gemm_shapes(model, micro_batches, flash_attention)
+    mib = 2**20
+    return Plan(
+        device=device,
+        dtype=dtype,
+        models=models,
+        micro_batches=micro_batches,
+        flash_attention=flash_attention,
+        gemm_shapes=tuple(sorted(gemms, key=lambda s: (2 * s[0] * s[1] * s[2] * s[3], s))),
+        memory_sizes_bytes=powers(mib, 16 * mib) if quick else powers(mib, 256 * mib),
+        host_copy_sizes_bytes=powers(mib, 4 * mib) if quick else powers(mib, 256 * mib),
+        adam_params=powers(2**18, 2**20) if quick else powers(2**20, 2**24),
+        collective_sizes_bytes=(
+            powers(1024, 4 * mib, 16) if quick else powers(1024, max_collective_bytes)
+        ),
+        link_classes=dict(link_classes or {}),
+        warmup=1 if quick else 3,
+        repeats=5 if quick else 15,
+        min_sample_s=0.001 if quick else 0.002,
+        max_row_s=1.0 if quick else 6.0,
+    )

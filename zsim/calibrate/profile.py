@@ -1,0 +1,314 @@
+"""Calibration files: save_profile, load_profile, sample_profiles.
+
+A calibration file (`calibration/<name>.json`) holds, in one JSON object:
+
+    zsim_profile   the format version (1)
+    name           the profile's name
+    device         the fitted model: every field of a zsim.hardware.DeviceProfile
+    fit            residuals of the fit per (kind, op) and the fitted collective parameters
+    provenance     device, count, backend, versions, date, host, load, threads
+    plan           what was measured (sizes, shapes, repeats)
+    measurements   every raw row with all its repeat times (zsim.calibrate.plan.Measurement)
+
+`load_profile` reads `device` only; `sample_profiles` refits from bootstrap resamples of the
+measurements, so it draws profiles as spread as the measurements were. A CSV beside the JSON
+(one line per row: median, quartiles) is for people; the JSON is what zsim reads.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from zsim.calibrate.fit import Residual, fit_profile
+from zsim.calibrate.plan import Measurement
+from zsim.config_io import load_json
+from zsim.errors import InputError, require
+from zsim.hardware import ComputeRates, DeviceProfile, LayerTime, LinkFit
+
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A whole calibration file: the fitted profile and what it was fitted from."""
+
+    name: str
+    profile: DeviceProfile
+    measurements: tuple[Measurement, ...]
+    residuals: tuple[Residual, ...] = ()
+    collective_params: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    provenance: Mapping[str, Any] = field(default_factory=dict)
+    plan: Mapping[str, Any] = field(default_factory=dict)
+
+
+# ---- DeviceProfile <-> dict -------------------------------------------------------------------
+
+
+def profile_to_dict(p: DeviceProfile) -> dict[str, Any]:
+    return {
+        "name": p.name,
+        "memory_bytes": p.memory_bytes,
+        "reserved_bytes": p.reserved_bytes,
+        "peak_flops": dict(p.peak_flops),
+        "rates": {k: vars(v).copy() for k, v in p.rates.items()},
+        "host_link_bytes_per_s": p.host_link_bytes_per_s,
+        "optimizer_bytes_per_s": p.optimizer_bytes_per_s,
+        "host_adam_params_per_s": p.host_adam_params_per_s,
+        "layer_times": {k: vars(v).copy() for k, v in sorted(p.layer_times.items())},
+        "links": {k: vars(v).copy() for k, v in sorted(p.links.items())},
+        "backend": p.backend,
+        "notes": list(p.notes),
+    }
+
+
+def _number(where: str, value: Any, allow_zero: bool = False) -> float:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (value >= 0 if allow_zero else value > 0)
+    require(ok, where, value, "a non-negative number" if allow_zero else "a positive number")
+    return float(value)
+
+
+def _mapping(where: str, value: Any) -> dict[str, Any]:
+    require(isinstance(value, dict), where, type(value).__name__, "a JSON object")
+    return dict(value)
+
+
+def _record(
+    where: str, value: Any, fields: Sequence[str], zero_ok: Sequence[str] = ()
+) -> dict[str, float]:
+    data = _mapping(where, value)
+    missing = [f for f in fields if f not in data]
+    require(not missing, f"{where}.{missing[0] if missing else ''}", None, "present")
+    extra = sorted(set(data) - set(fields))
+    require(not extra, f"{where}.{extra[0] if extra else ''}", None, f"one of {list(fields)}")
+    return {f: _number(f"{where}.{f}", data[f], f in zero_ok) for f in fields}
+
+
+_RATE_FIELDS = (
+    "gemm_flops_per_s",
+    "gemm_overhead_s",
+    "attention_flops_per_s",
+    "memory_bytes_per_s",
+    "memory_overhead_s",
+)
+
+
+def profile_from_dict(d: Any, where: str = "profile.device") -> DeviceProfile:
+    """A DeviceProfile from its JSON form; every missing or bad field is an InputError that
+    names it."""
+    data = _mapping(where, d)
+    required = (
+        "name",
+        "memory_bytes",
+        "reserved_bytes",
+        "peak_flops",
+        "rates",
+        "host_link_bytes_per_s",
+        "optimizer_bytes_per_s",
+    )
+    for key in required:
+        require(key in data, f"{where}.{key}", None, "present")
+    require(isinstance(data["name"], str), f"{where}.name", data["name"], "a string")
+    rates = {
+        str(k): ComputeRates(
+            **_record(
+                f"{where}.rates.{k}", v, _RATE_FIELDS, ("gemm_overhead_s", "memory_overhead_s")
+            )
+        )
+        for k, v in _mapping(f"{where}.rates", data["rates"]).items()
+    }
+    require(bool(rates), f"{where}.rates", {}, "rates for at least one dtype")
+    layers = {
+        str(k): LayerTime(**_record(f"{where}.layer_times.{k}", v, ("forward_s", "backward_s")))
+        for k, v in _mapping(f"{where}.layer_times", data.get("layer_times", {})).items()
+    }
+    links = {
+        str(k): LinkFit(
+            **_record(
+                f"{where}.links.{k}", v, ("latency_s", "bandwidth_bytes_per_s"), ("latency_s",)
+            )
+        )
+        for k, v in _mapping(f"{where}.links", data.get("links", {})).items()
+    }
+    notes = data.get("notes", [])
+    require(
+        isinstance(notes, list) and all(isinstance(n, str) for n in notes),
+        f"{where}.notes",
+        notes,
+        "a list of strings",
+    )
+    backend = data.get("backend", "nccl")
+    require(backend in ("nccl", "gloo"), f"{where}.backend", backend, "nccl or gloo")
+    return DeviceProfile(
+        name=data["name"],
+        memory_bytes=_number(f"{where}.memory_bytes", data["memory_bytes"]),
+        reserved_bytes=_number(f"{where}.reserved_bytes", data["reserved_bytes"], True),
+        peak_flops={
+            str(k): _number(f"{where}.peak_flops.{k}", v)
+            for k, v in _mapping(f"{where}.peak_flops", data["peak_flops"]).items()
+        },
+        rates=rates,
+        host_link_bytes_per_s=_number(
+            f"{where}.host_link_bytes_per_s", data["host_link_bytes_per_s"]
+        ),
+        optimizer_bytes_per_s=_number(
+            f"{where}.optimizer_bytes_per_s", data["optimizer_bytes_per_s"]
+        ),
+        host_adam_params_per_s=_number(
+            f"{where}.host_adam_params_per_s", data.get("host_adam_params_per_s", 0.0), True
+        ),
+        layer_times=layers,
+        links=links,
+        backend=backend,
+        notes=tuple(notes),
+    )
+
+
+# ---- files ------------------------------------------------------------------------------------
+
+
+def calibration_to_dict(cal: Calibration, csv_name: str | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "zsim_profile": FORMAT_VERSION,
+        "name": cal.name,
+        "device": profile_to_dict(cal.profile),
+        "fit": {
+            "residuals": [vars(r).copy() for r in cal.residuals],
+            "collectives": {k: dict(v) for k, v in cal.collective_params.items()},
+        },
+        "provenance": dict(cal.provenance),
+        "plan": dict(cal.plan),
+        "measurements": [m.to_dict() for m in cal.measurements],
+    }
+    if csv_name:
+        out["measurements_csv"] = csv_name
+    return out
+
+
+def calibration_from_dict(d: Any, source: str = "profile") -> Calibration:
+    data = _mapping(source, d)
+    version = data.get("zsim_profile")
+    require(
+        version == FORMAT_VERSION,
+        f"{source}.zsim_profile",
+        version,
+        f"{FORMAT_VERSION} (a file written by `zsim calibrate`)",
+    )
+    require("device" in data, f"{source}.device", None, "present")
+    profile = profile_from_dict(data["device"], f"{source}.device")
+    rows = data.get("measurements", [])
+    require(isinstance(rows, list), f"{source}.measurements", type(rows).__name__, "a list")
+    measurements = []
+    for i, row in enumerate(rows):
+        try:
+            measurements.append(Measurement.from_dict(_mapping(f"{source}.measurements[{i}]", row)))
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, InputError):
+                where = f"{source}.measurements[{i}].{exc.field}"
+                raise InputError(where, exc.value, exc.allowed) from None
+            raise InputError(f"{source}.measurements[{i}]", row, f"a measurement ({exc})") from None
+    fit = _mapping(f"{source}.fit", data.get("fit", {}))
+    res = [Residual(**r) for r in fit.get("residuals", []) if isinstance(r, dict)]
+    return Calibration(
+        name=str(data.get("name", profile.name)),
+        profile=profile,
+        measurements=tuple(measurements),
+        residuals=tuple(res),
+        collective_params=dict(fit.get("collectives", {})),
+        provenance=dict(_mapping(f"{source}.provenance", data.get("provenance", {}))),
+        plan=dict(_mapping(f"{source}.plan", data.get("plan", {}))),
+    )
+
+
+def save_profile(cal: Calibration, path: Path) -> list[Path]:
+    """Write `path` (JSON) and the CSV of medians beside it, each via a temporary file renamed
+    into place (a reader never sees half a file). The paths written."""
+    import json
+
+    csv_path = path.with_suffix(".csv")
+    text = json.dumps(calibration_to_dict(cal, csv_path.name), indent=1)
+    _atomic_write(csv_path, measurements_csv(cal.measurements))
+    _atomic_write(path, text + "\n")
+    return [path, csv_path]
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def measurements_csv(rows: Sequence[Measurement]) -> str:
+    head = (
+        "kind,op,dtype,size_bytes,flops,m,n,k,batch,params,layer_key,micro_batch,group,ranks,"
+        "link_class,samples,inner,median_s,q1_s,q3_s"
+    )
+    lines = [head]
+    for r in rows:
+        m, n, k, b = r.shape
+        lines.append(
+            ",".join(
+                str(v)
+                for v in (
+                    r.kind,
+                    r.op,
+                    r.dtype,
+                    r.size_bytes,
+                    r.flops,
+                    m,
+                    n,
+                    k,
+                    b,
+                    r.params,
+                    r.layer_key,
+                    r.micro_batch,
+                    r.group,
+                    r.ranks,
+                    r.link_class,
+                    len(r.samples_s),
+                    r.inner,
+                    f"{r.median_s:.6e}",
+                    f"{r.q1_s:.6e}",
+                    f"{r.q3_s:.6e}",
+                )
+            )
+        )
+    return "\n".join(lines) + "\n"
+
+
+def load_calibration(path: Path | str) -> Calibration:
+    path = Path(path)
+    return calibration_from_dict(load_json(path, "profile"), f"profile {path.name}")
+
+
+def load_profile(path: Path | str) -> DeviceProfile:
+    """The fitted DeviceProfile of a calibration file (`--profile FILE`)."""
+    return load_calibration(path).profile
+
+
+# ---- prediction bands -------------------------------------------------------------------------
+
+
+def sample_profiles(
+    profile: Path | str | Calibration, n: int, seed: int = 0
+) -> list[DeviceProfile]:
+    """`n` profiles consistent with the measured spread: each is refitted from a bootstrap
+    resample (with replacement) of every measurement's repeats. Deterministic for a seed."""
+    cal = profile if isinstance(profile, Calibration) else load_calibration(profile)
+    require(bool(cal.measurements), "profile.measurements", [], "raw measurements to resample")
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        rows = tuple(
+            r.with_samples(tuple(float(x) for x in rng.choice(r.samples_s, len(r.samples_s))))
+            for r in cal.measurements
+        )
+        out.append(fit_profile(cal.name, rows, cal.provenance).profile)
+    return out

@@ -1,0 +1,69 @@
+"""Terminal summary of a calibration: the fitted numbers and how well they fit."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from zsim.calibrate.profile import Calibration
+
+_console = Console(highlight=False)
+
+
+def summary_rows(cal: Calibration) -> list[tuple[str, str]]:
+    """(quantity, value) lines of the fitted profile, units spelled out."""
+    p = cal.profile
+    rows: list[tuple[str, str]] = []
+    for dtype, r in p.rates.items():
+        rows += [
+            (
+                f"{dtype} GEMM",
+                f"{r.gemm_flops_per_s / 1e9:.1f} GFLOP/s + {r.gemm_overhead_s * 1e6:.1f} us",
+            ),
+            (f"{dtype} attention", f"{r.attention_flops_per_s / 1e9:.1f} GFLOP/s"),
+            (
+                f"{dtype} memory-bound",
+                f"{r.memory_bytes_per_s / 1e9:.2f} GB/s + {r.memory_overhead_s * 1e6:.1f} us",
+            ),
+        ]
+    rows += [
+        ("host link", f"{p.host_link_bytes_per_s / 1e9:.2f} GB/s"),
+        ("AdamW (device)", f"{p.optimizer_bytes_per_s / 1e9:.2f} GB/s streamed"),
+        ("AdamW (host)", f"{p.host_adam_params_per_s / 1e6:.1f} M params/s"),
+        ("layer times", f"{len(p.layer_times)} shapes"),
+    ]
+    for cls, link in p.links.items():
+        rows.append(
+            (
+                f"link {cls}",
+                f"{link.bandwidth_bytes_per_s / 1e9:.2f} GB/s, {link.latency_s * 1e6:.1f} us",
+            )
+        )
+    return rows
+
+
+def print_summary(cal: Calibration, paths: Sequence[Path]) -> None:
+    table = Table(title=f"profile {cal.name}")
+    table.add_column("fitted")
+    table.add_column("value", justify="right")
+    for k, v in summary_rows(cal):
+        table.add_row(k, v)
+    _console.print(table)
+    res = Table(title="fit residuals |predicted - measured| / measured")
+    for col in ("kind", "op", "rows", "median", "worst", "worst row"):
+        res.add_column(col, justify="right" if col in ("rows", "median", "worst") else "left")
+    for r in cal.residuals:
+        res.add_row(
+            r.kind,
+            r.op,
+            str(r.rows),
+            f"{r.median_rel_err:.1%}",
+            f"{r.worst_rel_err:.1%}",
+            r.worst_label,
+        )
+    _console.print(res)
+    for path in paths:
+        _console.print(f"wrote {path}")
