@@ -76,6 +76,7 @@ class DeviceProfile:
     host_adam_params_per_s: float = 0.0  # CPU Adam rate for offload; 0 = unknown
     layer_times: Mapping[str, LayerTime] = field(default_factory=dict)
     links: Mapping[str, LinkFit] = field(default_factory=dict)  # by link class; overrides presets
+    call_latency_s: float | None = None  # fitted fixed cost per collective call; None = preset's
     backend: str = "nccl"  # "gloo" for CPU ranks: collectives and stream semantics differ
     notes: tuple[str, ...] = ()
 
