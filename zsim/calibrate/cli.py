@@ -56,6 +56,13 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_calibrate)
 
+    show = sub.add_parser(
+        "profile", help="show a calibration profile: fitted numbers, spread, fit residuals"
+    )
+    show.add_argument("path", type=Path, help="a calibration JSON (calibration/NAME.json)")
+    show.add_argument("--json", action="store_true", help="the DeviceProfile as JSON")
+    show.set_defaults(func=cmd_profile)
+
 
 def parse_model(text: str) -> ModelSpec:
     """`PRESET[:key=value,...]` -> a ModelSpec (keys as the shape flags: seq-len, hidden, ...)."""
@@ -117,6 +124,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     )
     name = args.name or f"{device}-{nproc * launch.nnodes}rank"
     out = args.out or Path("calibration") / f"{name}.json"
+    topology = args.topology or f"{launch.nnodes}x{nproc}-{'cpu' if device == 'cpu' else 'nvlink'}"
     plan = plans.default_plan(
         device,
         precision,
@@ -124,7 +132,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         micro,
         quick=args.quick,
         flash_attention=args.flash_attention,
-        link_classes=_link_classes(device, launch.nnodes),
+        topology=topology,
+        link_classes=_link_classes(topology),
         max_collective_bytes=_int("max_size", args.max_size),
     )
     try:
@@ -143,13 +152,31 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _link_classes(device: str, nnodes: int) -> dict[str, str]:
-    """The topology link class each measured process group's traffic crosses."""
-    from zsim.fabric import LinkClass
+def cmd_profile(args: argparse.Namespace) -> int:
+    import json
 
-    intra = LinkClass.LOOPBACK if device == "cpu" else LinkClass.NVLINK
-    inter = LinkClass.VETH if device == "cpu" else LinkClass.IB
-    return {"intra": str(intra), "inter": str(inter), "full": str(inter if nnodes > 1 else intra)}
+    from zsim.calibrate.profile import load_calibration, profile_to_dict
+    from zsim.calibrate.report import print_summary
+
+    cal = load_calibration(args.path)
+    if args.json:
+        print(json.dumps(profile_to_dict(cal.profile), indent=1))
+    else:
+        print_summary(cal, [])
+    return 0
+
+
+def _link_classes(topology: str) -> dict[str, str]:
+    """The link class each measured process group's traffic is bottlenecked by."""
+    from zsim import presets
+    from zsim.calibrate.links import link_class_of
+
+    topo = presets.topology(topology)
+    g, nodes = topo.gpus_per_node, topo.nodes
+    groups = {"intra": g} if g > 1 else {}
+    if nodes > 1:
+        groups |= {"inter": nodes, "full": nodes * g}
+    return {name: link_class_of(topo, name, ranks) for name, ranks in groups.items()}
 
 
 def _cuda_count() -> int:

@@ -20,7 +20,7 @@ copy of them.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -28,22 +28,23 @@ import numpy as np
 from zsim.calibrate.keys import ADAM_STEP_BYTES_PER_PARAM
 from zsim.calibrate.plan import Kind, Measurement
 from zsim.errors import require
-from zsim.hardware import ComputeRates, DeviceProfile, LayerTime, LinkFit, fit_gemm
+from zsim.hardware import ComputeRates, DeviceProfile, LayerTime, fit_gemm
 from zsim.model import ComputeOp, OpKind
 
-LinkPredict = Callable[[DeviceProfile, Measurement], float | None]
-LinkFitter = Callable[
-    [Sequence[Measurement]],
-    tuple[dict[str, LinkFit], dict[str, dict[str, float]], LinkPredict],
-]
+LinkPredict = Callable[[Measurement], float | None]
+"""The fitted collective model's time of a (possibly synthetic) collective row."""
 
 
 @dataclass(frozen=True)
 class Residual:
-    """How well the fitted model reproduces one group of rows (same kind and op)."""
+    """How well the fitted model reproduces one group of rows (same kind, op and regime).
+
+    `fitted` rows are those the model was fitted on; the others lie outside the model's regime
+    (`in_model_regime`) and show how far off the kernel model is there."""
 
     kind: str
     op: str
+    fitted: bool
     rows: int
     median_rel_err: float
     worst_rel_err: float
@@ -58,7 +59,7 @@ class Fit:
     residuals: tuple[Residual, ...]
     predictions: Mapping[int, float] = field(default_factory=dict)  # row index -> seconds
     collective_params: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
-    link_predict: LinkPredict = field(default=lambda _profile, _row: None)
+    link_predict: LinkPredict = field(default=lambda _row: None)
 
 
 def fit_affine(x: Sequence[float], t: Sequence[float]) -> tuple[float, float]:
@@ -88,9 +89,51 @@ def _rows(rows: Iterable[Measurement], kind: Kind, op: str | None = None) -> lis
     return [r for r in rows if r.kind is kind and (op is None or r.op == op)]
 
 
-def compute_rates(rows: Sequence[Measurement], dtype: str) -> ComputeRates:
-    """The achieved rates of one dtype from its GEMM, ATTENTION and MEMORY rows."""
-    gemm = [r for r in _rows(rows, Kind.GEMM) if r.dtype == dtype]
+OVERHEAD_BYTES = 16 * 1024
+"""A memory-bound kernel moving at most this many bytes times its fixed overhead alone."""
+GEMV_DIM = 16
+"""A GEMM with a dimension below this is a matrix-vector product: bandwidth-bound, outside the
+GEMM model (t = overhead + flops / rate)."""
+DEFAULT_CACHE_BYTES = 32 * 2**20
+
+
+def in_model_regime(row: Measurement, cache_bytes: float) -> bool:
+    """Whether a compute row lies where its two-parameter kernel model applies.
+
+    The model of a bandwidth-bound kernel (overhead + bytes / rate) has no cache: it is fitted
+    on tiny kernels (the overhead) and on kernels streaming four times the last-level cache or
+    more (the DRAM / HBM rate); sizes in between run from cache, faster than the model says.
+    A GEMM is in the model unless it is a matrix-vector product (a dimension < GEMV_DIM).
+    Rows outside are measured, plotted and reported, not fitted; a layer measured at its own
+    shape does not need the kernel model at all.
+    """
+    if row.kind is Kind.MEMORY:
+        return row.size_bytes <= OVERHEAD_BYTES or row.size_bytes >= 4 * cache_bytes
+    if row.kind is Kind.GEMM:
+        return min(row.shape[:3]) >= GEMV_DIM
+    return True
+
+
+def _regime(rows: Sequence[Measurement], cache_bytes: float) -> list[Measurement]:
+    """The rows in the model's regime; for a memory sweep that never leaves the cache, its
+    smallest and largest sizes instead (better a rough fit than none)."""
+    inside = [r for r in rows if in_model_regime(r, cache_bytes)]
+    if (
+        rows
+        and rows[0].kind is Kind.MEMORY
+        and not any(r.size_bytes > OVERHEAD_BYTES for r in inside)
+    ):
+        largest = max(r.size_bytes for r in rows)
+        inside += [r for r in rows if r.size_bytes == largest]
+    return inside or list(rows)
+
+
+def compute_rates(
+    rows: Sequence[Measurement], dtype: str, cache_bytes: float = DEFAULT_CACHE_BYTES
+) -> ComputeRates:
+    """The achieved rates of one dtype from its GEMM, ATTENTION and MEMORY rows (those in the
+    model's regime, `in_model_regime`)."""
+    gemm = _regime([r for r in _rows(rows, Kind.GEMM) if r.dtype == dtype], cache_bytes)
     require(len(gemm) >= 2, "calibration", f"{len(gemm)} GEMM rows", "at least two GEMM shapes")
     rate, overhead = fit_gemm(
         [(m * b, n, k, r.flops / r.median_s / 1e12) for r in gemm for m, n, k, b in [r.shape]]
@@ -101,7 +144,7 @@ def compute_rates(rows: Sequence[Measurement], dtype: str) -> ComputeRates:
         if attn
         else rate
     )
-    mem = [r for r in _rows(rows, Kind.MEMORY) if r.dtype == dtype]
+    mem = _regime([r for r in _rows(rows, Kind.MEMORY) if r.dtype == dtype], cache_bytes)
     require(bool(mem), "calibration", "no memory rows", "a memory-bound kernel sweep")
     mem_overhead, inv_bw = fit_affine([r.size_bytes for r in mem], [r.median_s for r in mem])
     return ComputeRates(rate, overhead, attn_rate, 1.0 / inv_bw, mem_overhead)
@@ -160,33 +203,30 @@ def predict_memory_traffic(
 
 
 def residuals(
-    rows: Sequence[Measurement], predictions: Mapping[int, float]
+    rows: Sequence[Measurement], predictions: Mapping[int, float], cache_bytes: float
 ) -> tuple[Residual, ...]:
-    """Median and worst |predicted - measured| / measured per (kind, op)."""
-    groups: dict[tuple[str, str], list[tuple[float, str]]] = {}
+    """Median and worst |predicted - measured| / measured per (kind, op, fitted or not)."""
+    groups: dict[tuple[str, str, bool], list[tuple[float, str]]] = {}
     for i, p in predictions.items():
         r = rows[i]
-        groups.setdefault((str(r.kind), r.op), []).append(
-            (abs(p - r.median_s) / r.median_s, r.label)
-        )
+        key = (str(r.kind), r.op, in_model_regime(r, cache_bytes))
+        groups.setdefault(key, []).append((abs(p - r.median_s) / r.median_s, r.label))
     out = []
-    for (kind, op), errs in groups.items():
+    for (kind, op, fitted), errs in groups.items():
         values = [e for e, _ in errs]
         worst = max(errs)
-        out.append(Residual(kind, op, len(errs), float(np.median(values)), worst[0], worst[1]))
+        median = float(np.median(values))
+        out.append(Residual(kind, op, fitted, len(errs), median, worst[0], worst[1]))
     return tuple(out)
 
 
-def fit_profile(
-    name: str,
-    rows: Sequence[Measurement],
-    info: Mapping[str, Any],
-    links: LinkFitter | None = None,
-) -> Fit:
-    """The profile fitted to `rows`; `info` is the run's provenance (memory sizes, backend)."""
+def fit_profile(name: str, rows: Sequence[Measurement], info: Mapping[str, Any]) -> Fit:
+    """The profile fitted to `rows`; `info` is the run's provenance (memory sizes, backend,
+    cache size, and the topology name the collectives were measured on)."""
     dtypes = sorted({r.dtype for r in _rows(rows, Kind.GEMM)})
     require(bool(dtypes), "calibration", "no GEMM rows", "GEMM measurements")
-    rates = {d: compute_rates(rows, d) for d in dtypes}
+    cache = float(info.get("cache_bytes") or DEFAULT_CACHE_BYTES)
+    rates = {d: compute_rates(rows, d, cache) for d in dtypes}
     peak = {
         d: max(r.flops / r.median_s for r in _rows(rows, Kind.GEMM) if r.dtype == d) for d in dtypes
     }
@@ -196,7 +236,6 @@ def fit_profile(
     host_adam = _rows(rows, Kind.OPTIMIZER, "host_adamw") or device_adam
     require(bool(device_adam), "calibration", "no optimizer rows", "AdamW steps")
     adam_params_per_s = rate_through_origin(device_adam, lambda r: float(r.params))
-    fitted_links, link_params, link_predict = (links or fit_no_links)(rows)
     backend = str(info.get("backend", "nccl"))
     profile = DeviceProfile(
         name=name,
@@ -208,28 +247,31 @@ def fit_profile(
         optimizer_bytes_per_s=adam_params_per_s * ADAM_STEP_BYTES_PER_PARAM,
         host_adam_params_per_s=rate_through_origin(host_adam, lambda r: float(r.params)),
         layer_times=layer_times(rows),
-        links=fitted_links,
         backend=backend if backend in ("nccl", "gloo") else "nccl",
         notes=provenance_notes(info),
     )
+    link_params: Mapping[str, Mapping[str, float]] = {}
+    link_predict: LinkPredict = lambda _row: None  # noqa: E731 - no collectives measured
+    collectives = [(i, r) for i, r in enumerate(rows) if r.kind is Kind.COLLECTIVE]
+    if collectives and info.get("topology"):
+        from zsim import presets
+        from zsim.calibrate import links
+
+        topo = presets.topology(str(info["topology"]))
+        fitted = links.fit_links(topo, collectives)
+        profile = replace(profile, links=fitted.links, call_latency_s=fitted.call_latency_s)
+        link_params = links.params_of(fitted)
+        link_predict = links.predictor(links.apply_profile(topo, profile))
     predictions: dict[int, float] = {}
     for i, row in enumerate(rows):
         p = predict_compute(profile, row)
         if p is None:
             p = predict_memory_traffic(profile, row, host_adam=False)
         if p is None:
-            p = link_predict(profile, row)
+            p = link_predict(row)
         if p is not None:
             predictions[i] = p
-    return Fit(profile, residuals(rows, predictions), predictions, link_params, link_predict)
-
-
-def fit_no_links(
-    rows: Sequence[Measurement],
-) -> tuple[dict[str, LinkFit], dict[str, dict[str, float]], LinkPredict]:
-    """No collective rows fitted (a single rank, or no collectives model)."""
-    del rows
-    return {}, {}, lambda _profile, _row: None
+    return Fit(profile, residuals(rows, predictions, cache), predictions, link_params, link_predict)
 
 
 def provenance_notes(info: Mapping[str, Any]) -> tuple[str, ...]:

@@ -158,11 +158,13 @@ class Plan:
     adam_params: tuple[int, ...] = ()
     collectives: tuple[Collective, ...] = tuple(Collective)
     collective_sizes_bytes: tuple[int, ...] = ()
+    topology: str = ""  # the measured cluster as a zsim topology name, e.g. 1x2-cpu
     link_classes: dict[str, str] = field(default_factory=dict)  # group -> link class
     warmup: int = 3
-    repeats: int = 15
+    repeats: int = 15  # samples per row, spread over the rounds
+    rounds: int = 3  # passes over the whole set, so a slow spell of a shared host hits every row
     min_sample_s: float = 0.002  # small ops are looped until one sample takes this long
-    max_row_s: float = 6.0  # fewer repeats (not fewer than 5) for rows slower than this
+    max_row_s: float = 6.0  # per round: fewer repeats (not fewer than 3) for slower rows
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -251,11 +253,12 @@ def default_plan(
     micro_batches: tuple[int, ...],
     quick: bool,
     flash_attention: bool = False,
+    topology: str = "",
     link_classes: dict[str, str] | None = None,
     max_collective_bytes: int = 256 * 2**20,
 ) -> Plan:
     """The standard measurement set; `quick` is a small one for tests (well under a minute)."""
-    squares = powers(64, 512, 2) if quick else powers(64, 2048, 2)
+    squares = (16, 64, 256, 512) if quick else powers(16, 2048, 2)
     gemms = {(s, s, s, 1) for s in squares}
     for model in models:
         gemms |= model_gemm_shapes(model, micro_batches, flash_attention)
@@ -267,15 +270,19 @@ def default_plan(
         micro_batches=micro_batches,
         flash_attention=flash_attention,
         gemm_shapes=tuple(sorted(gemms, key=lambda s: (2 * s[0] * s[1] * s[2] * s[3], s))),
-        memory_sizes_bytes=powers(mib, 16 * mib) if quick else powers(mib, 256 * mib),
-        host_copy_sizes_bytes=powers(mib, 4 * mib) if quick else powers(mib, 256 * mib),
-        adam_params=powers(2**18, 2**20) if quick else powers(2**20, 2**24),
+        memory_sizes_bytes=(1024, 4096, mib, 64 * mib)
+        if quick
+        else (1024, 4096, *powers(64 * 1024, 256 * mib)),
+        host_copy_sizes_bytes=(64 * mib,) if quick else (64 * mib, 128 * mib, 256 * mib),
+        adam_params=(2**22,) if quick else (2**22, 2**23, 2**24, 2**25),
         collective_sizes_bytes=(
             powers(1024, 4 * mib, 16) if quick else powers(1024, max_collective_bytes)
         ),
+        topology=topology,
         link_classes=dict(link_classes or {}),
         warmup=1 if quick else 3,
         repeats=5 if quick else 15,
+        rounds=1 if quick else 3,
         min_sample_s=0.001 if quick else 0.002,
-        max_row_s=1.0 if quick else 6.0,
+        max_row_s=1.0 if quick else 3.0,
     )

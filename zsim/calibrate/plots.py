@@ -13,7 +13,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from zsim.calibrate.fit import Fit, predict_compute, predict_memory_traffic
+from zsim.calibrate.fit import (
+    DEFAULT_CACHE_BYTES,
+    Fit,
+    in_model_regime,
+    predict_compute,
+    predict_memory_traffic,
+)
 from zsim.calibrate.plan import Collective, Kind, Measurement, bus_factor
 from zsim.calibrate.profile import Calibration
 
@@ -69,6 +75,11 @@ def save_fit_png(cal: Calibration, fit: Fit, path: Path) -> Path:
     busbw of every collective, measured (points, IQR bars) and fitted (lines)."""
     rows = cal.measurements
     prof = fit.profile
+    cache = float(cal.provenance.get("cache_bytes") or DEFAULT_CACHE_BYTES)
+
+    def fitted(r: Measurement) -> bool:
+        return in_model_regime(r, cache)
+
     colls = sorted({(r.op, r.group) for r in rows if r.kind is Kind.COLLECTIVE})
     ncols = 4
     nrows = 1 + (len(colls) + ncols - 1) // ncols
@@ -136,7 +147,7 @@ def save_fit_png(cal: Calibration, fit: Fit, path: Path) -> Path:
             return r.size_bytes / t * bus_factor(Collective(r.op), r.ranks) / 1e9
 
         def coll(r: Measurement) -> float | None:
-            return fit.link_predict(prof, r)
+            return fit.link_predict(r)
 
         _panel(ax, sel, lambda r: r.size_bytes, busbw, coll, f"n={sel[0].ranks}", colors[0])
         _style(ax, f"{op} ({group}, {sel[0].link_class or '?'})", "size S (bytes)", "busbw GB/s")

@@ -84,7 +84,12 @@ def _record(
 ) -> dict[str, float]:
     data = _mapping(where, value)
     missing = [f for f in fields if f not in data]
-    require(not missing, f"{where}.{missing[0] if missing else ''}", None, "present")
+    require(
+        not missing,
+        f"{where}.{missing[0] if missing else ''}",
+        None,
+        "required (missing from the file)",
+    )
     extra = sorted(set(data) - set(fields))
     require(not extra, f"{where}.{extra[0] if extra else ''}", None, f"one of {list(fields)}")
     return {f: _number(f"{where}.{f}", data[f], f in zero_ok) for f in fields}
@@ -113,7 +118,7 @@ def profile_from_dict(d: Any, where: str = "profile.device") -> DeviceProfile:
         "optimizer_bytes_per_s",
     )
     for key in required:
-        require(key in data, f"{where}.{key}", None, "present")
+        require(key in data, f"{where}.{key}", None, "required (missing from the file)")
     require(isinstance(data["name"], str), f"{where}.name", data["name"], "a string")
     rates = {
         str(k): ComputeRates(
@@ -200,7 +205,7 @@ def calibration_from_dict(d: Any, source: str = "profile") -> Calibration:
         version,
         f"{FORMAT_VERSION} (a file written by `zsim calibrate`)",
     )
-    require("device" in data, f"{source}.device", None, "present")
+    require("device" in data, f"{source}.device", None, "required (missing from the file)")
     profile = profile_from_dict(data["device"], f"{source}.device")
     rows = data.get("measurements", [])
     require(isinstance(rows, list), f"{source}.measurements", type(rows).__name__, "a list")

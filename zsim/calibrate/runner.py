@@ -227,6 +227,7 @@ def calibrate(
     info: dict[str, Any] = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "device": plan.device,
+        "topology": plan.topology,
         "nproc_per_node": launch.nproc,
         "nnodes": launch.nnodes,
         "load_before": load_average(),

@@ -11,6 +11,7 @@ warm-up. CPU samples use time.perf_counter; CUDA samples use CUDA events. Rank 0
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import json
 import math
@@ -90,7 +91,8 @@ class Bench:
         (probe_s,) = self.max_over_ranks([probe_s])
         inner = max(1, math.ceil(self.plan.min_sample_s / max(probe_s, 1e-9)))
         fit = int(self.plan.max_row_s / max(probe_s * inner, 1e-9))
-        return inner, max(min(5, self.plan.repeats), min(self.plan.repeats, fit))
+        per_round = math.ceil(self.plan.repeats / self.plan.rounds)
+        return inner, max(min(3, per_round), min(per_round, fit))
 
     def time_op(self, fn: Callable[[], Any], barrier_each: bool = False) -> tuple[list[float], int]:
         """Warm up, then samples of seconds per call (max over ranks) and calls per sample."""
@@ -353,6 +355,13 @@ class Bench:
         ]
 
 
+def merge(before: list[Measurement], new: list[Measurement]) -> list[Measurement]:
+    """The rows of one more round appended to the same rows of the earlier rounds."""
+    if not before:
+        return new
+    return [a.with_samples(a.samples_s + b.samples_s) for a, b in zip(before, new, strict=True)]
+
+
 def _event() -> Any:
     return torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
 
@@ -428,6 +437,7 @@ def provenance(device: torch.device, world: int, local: int) -> dict[str, Any]:
         "torch_num_threads": torch.get_num_threads(),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
         "rank_rss_bytes": _rss_bytes(),
+        "cache_bytes": _last_level_cache_bytes(),
     }
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
@@ -437,8 +447,20 @@ def provenance(device: torch.device, world: int, local: int) -> dict[str, Any]:
             "nccl": ".".join(map(str, torch.cuda.nccl.version())),  # type: ignore[no-untyped-call]
             "device_memory_bytes": total,
             "device_reserved_bytes": total - free,
+            "cache_bytes": torch.cuda.get_device_properties(device).L2_cache_size,
         }
     return info
+
+
+def _last_level_cache_bytes() -> int:
+    """The CPU's largest cache (Linux sysfs), 0 when unknown."""
+    sizes = [0]
+    for entry in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = entry.read_text().strip()
+        scale = {"K": 1024, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        with contextlib.suppress(ValueError):
+            sizes.append(int(text.rstrip("KMG")) * scale)
+    return max(sizes)
 
 
 def _rss_bytes() -> int:
@@ -471,15 +493,19 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(plan, device)
     info = provenance(device, world, local)
     work = tasks(bench, plan, world, local)
-    rows: list[Measurement] = []
     started = time.time()
-    for i, (label, task) in enumerate(work):
-        if dist.get_rank() == 0:
-            print(f"{PROGRESS} {i} {len(work)} {label}", flush=True)
-        dist.barrier()
-        rows += task()
+    total = len(work) * plan.rounds
+    results: list[list[Measurement]] = [[] for _ in work]
+    for round_ in range(plan.rounds):
+        for i, (label, task) in enumerate(work):
+            if dist.get_rank() == 0:
+                done = round_ * len(work) + i
+                print(f"{PROGRESS} {done} {total} round {round_ + 1}: {label}", flush=True)
+            dist.barrier()
+            results[i] = merge(results[i], task())
+    rows = [row for task_rows in results for row in task_rows]
     if dist.get_rank() == 0:
-        print(f"{PROGRESS} {len(work)} {len(work)} done", flush=True)
+        print(f"{PROGRESS} {total} {total} done", flush=True)
         info["measure_seconds"] = round(time.time() - started, 1)
         payload = {"provenance": info, "measurements": [r.to_dict() for r in rows]}
         args.out.write_text(json.dumps(payload))

@@ -1,0 +1,235 @@
+"""Calibration without measuring: the fit against synthetic data from known parameters, the
+profile file (round trip, validation, sampling), and the command's refusals."""
+
+import json
+
+import numpy as np
+import pytest
+
+from zsim.calibrate.fit import fit_profile
+from zsim.calibrate.keys import ADAM_STEP_BYTES_PER_PARAM, layer_time_key, model_signature
+from zsim.calibrate.plan import Kind, Measurement, Plan, default_plan
+from zsim.calibrate.profile import (
+    Calibration,
+    load_calibration,
+    load_profile,
+    sample_profiles,
+    save_profile,
+)
+from zsim.cli import main
+from zsim.errors import InputError
+from zsim.model import LayerKind, preset, with_overrides
+
+MIB = 2**20
+INFO = {"memory_bytes": 8e9, "reserved_bytes": 1e8, "backend": "gloo", "cache_bytes": 32 * MIB}
+
+# the "true" device the synthetic measurements come from
+GEMM_RATE, GEMM_OVERHEAD = 80e9, 6e-6  # FLOP/s, s
+MEM_RATE, MEM_OVERHEAD = 9e9, 3e-6  # B/s, s
+ATTN_RATE = 30e9
+COPY_RATE = 7e9
+ADAM_PARAMS_PER_S = 90e6
+
+
+def synthetic_rows(noise=0.0, seed=0, repeats=9):
+    """Measurements from closed forms written here (t = overhead + work / rate), with
+    multiplicative noise per repeat."""
+    rng = np.random.default_rng(seed)
+
+    def samples(t):
+        return tuple(float(t * (1 + noise * rng.standard_normal())) for _ in range(repeats))
+
+    rows = []
+    for s in (16, 32, 64, 128, 256, 512, 1024):
+        flops = 2.0 * s**3
+        rows.append(
+            Measurement(
+                Kind.GEMM,
+                "mm",
+                "fp32",
+                samples(GEMM_OVERHEAD + flops / GEMM_RATE),
+                flops=flops,
+                shape=(s, s, s, 1),
+            )
+        )
+    for size in (1024, 4096, 256 * MIB, 768 * MIB):
+        rows.append(
+            Measurement(
+                Kind.MEMORY, "add", "fp32", samples(MEM_OVERHEAD + size / MEM_RATE), size_bytes=size
+            )
+        )
+    for f in (1e8, 4e8, 1.6e9):
+        rows.append(
+            Measurement(
+                Kind.ATTENTION,
+                "sdpa",
+                "fp32",
+                samples(GEMM_OVERHEAD + f / ATTN_RATE),
+                flops=f,
+                micro_batch=1,
+            )
+        )
+    for size in (64 * MIB, 256 * MIB):
+        rows.append(
+            Measurement(
+                Kind.HOST_COPY, "memcpy", "fp32", samples(size / COPY_RATE), size_bytes=size
+            )
+        )
+    for p in (2**22, 2**24):
+        rows.append(
+            Measurement(Kind.OPTIMIZER, "adamw", "fp32", samples(p / ADAM_PARAMS_PER_S), params=p)
+        )
+    key = layer_time_key(preset("toy-mlp"), LayerKind.LINEAR, 4, "fp32")
+    rows.append(Measurement(Kind.LAYER_FORWARD, "linear", "fp32", samples(1e-3), layer_key=key))
+    rows.append(Measurement(Kind.LAYER_BACKWARD, "linear", "fp32", samples(2e-3), layer_key=key))
+    return tuple(rows)
+
+
+def test_fit_recovers_compute_parameters_exactly():
+    fit = fit_profile("synthetic", synthetic_rows(), INFO)
+    rates = fit.profile.rates["fp32"]
+    assert rates.gemm_flops_per_s == pytest.approx(GEMM_RATE, rel=1e-9)
+    assert rates.gemm_overhead_s == pytest.approx(GEMM_OVERHEAD, rel=1e-9)
+    assert rates.memory_bytes_per_s == pytest.approx(MEM_RATE, rel=1e-9)
+    assert rates.memory_overhead_s == pytest.approx(MEM_OVERHEAD, rel=1e-9)
+    assert rates.attention_flops_per_s == pytest.approx(ATTN_RATE, rel=1e-9)
+    assert fit.profile.host_link_bytes_per_s == pytest.approx(COPY_RATE, rel=1e-9)
+    assert fit.profile.host_adam_params_per_s == pytest.approx(ADAM_PARAMS_PER_S, rel=1e-9)
+    assert fit.profile.optimizer_bytes_per_s == pytest.approx(
+        ADAM_PARAMS_PER_S * ADAM_STEP_BYTES_PER_PARAM, rel=1e-9
+    )
+    assert fit.profile.memory_bytes == 8e9
+    assert all(r.worst_rel_err < 1e-9 for r in fit.residuals)
+
+
+def test_fit_recovers_compute_parameters_through_noise():
+    fit = fit_profile("synthetic", synthetic_rows(noise=0.03, seed=4), INFO)
+    rates = fit.profile.rates["fp32"]
+    assert rates.gemm_flops_per_s == pytest.approx(GEMM_RATE, rel=0.05)
+    assert rates.gemm_overhead_s == pytest.approx(GEMM_OVERHEAD, rel=0.15)
+    assert rates.memory_bytes_per_s == pytest.approx(MEM_RATE, rel=0.05)
+    assert fit.profile.host_adam_params_per_s == pytest.approx(ADAM_PARAMS_PER_S, rel=0.05)
+
+
+def test_memory_sizes_served_from_cache_are_reported_not_fitted():
+    # a 4 MiB add runs from cache, 4x faster than DRAM: measured and reported, not fitted
+    fast = Measurement(
+        Kind.MEMORY, "add", "fp32", (4 * MIB / (4 * MEM_RATE),) * 3, size_bytes=4 * MIB
+    )
+    fit = fit_profile("synthetic", (*synthetic_rows(), fast), INFO)
+    assert fit.profile.rates["fp32"].memory_bytes_per_s == pytest.approx(MEM_RATE, rel=1e-9)
+    outside = [r for r in fit.residuals if r.kind == "memory" and not r.fitted]
+    assert len(outside) == 1
+    assert outside[0].worst_rel_err == pytest.approx(3.0, rel=0.01)
+
+
+def calibration(rows=None):
+    rows = rows or synthetic_rows(noise=0.05, seed=1)
+    fit = fit_profile("synthetic", rows, INFO)
+    return Calibration("synthetic", fit.profile, rows, fit.residuals, provenance=INFO)
+
+
+def test_profile_round_trip(tmp_path):
+    cal = calibration()
+    written = save_profile(cal, tmp_path / "p.json")
+    assert [p.name for p in written] == ["p.json", "p.csv"]
+    assert load_profile(tmp_path / "p.json") == cal.profile
+    back = load_calibration(tmp_path / "p.json")
+    assert back.measurements == cal.measurements
+    assert back.residuals == cal.residuals
+    csv_lines = (tmp_path / "p.csv").read_text().splitlines()
+    assert len(csv_lines) == 1 + len(cal.measurements)
+
+
+def test_sample_profiles_follow_the_measured_spread(tmp_path):
+    cal = calibration()
+    save_profile(cal, tmp_path / "p.json")
+    draws = sample_profiles(tmp_path / "p.json", 20, seed=7)
+    again = sample_profiles(cal, 20, seed=7)
+    assert draws == again  # deterministic for a seed, from a path or an object
+    rates = np.array([d.rates["fp32"].gemm_flops_per_s for d in draws])
+    assert len(set(rates.tolist())) > 10  # they differ
+    # the bootstrap spread of a median of 9 samples with 5% noise: a few percent
+    assert 0.002 < rates.std() / rates.mean() < 0.05
+    assert abs(rates.mean() / GEMM_RATE - 1) < 0.05
+
+
+@pytest.mark.parametrize(
+    ("mutate", "needle"),
+    [
+        (lambda d: d.pop("device"), "device"),
+        (lambda d: d["device"].pop("memory_bytes"), "memory_bytes"),
+        (lambda d: d["device"]["rates"]["fp32"].update(gemm_flops_per_s=-1), "gemm_flops_per_s"),
+        (lambda d: d["device"].update(links={"loopback": {"latency_s": 1e-5}}), "bandwidth"),
+        (lambda d: d.update(zsim_profile=99), "zsim_profile"),
+        (lambda d: d["measurements"][0].update(kind="gpu"), "kind"),
+        (lambda d: d["measurements"][0].update(samples_s=[]), "samples_s"),
+    ],
+)
+def test_malformed_profile_is_one_line_and_exit_2(tmp_path, capsys, mutate, needle):
+    save_profile(calibration(), tmp_path / "p.json")
+    data = json.loads((tmp_path / "p.json").read_text())
+    mutate(data)
+    (tmp_path / "p.json").write_text(json.dumps(data))
+    with pytest.raises(InputError, match=needle):
+        load_profile(tmp_path / "p.json")
+    assert main(["profile", str(tmp_path / "p.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert needle in err
+
+
+def test_not_json_is_exit_2(tmp_path, capsys):
+    (tmp_path / "p.json").write_text("{not json")
+    assert main(["profile", str(tmp_path / "p.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("zsim: error: profile=")
+    assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--device", "cuda"], "device='cuda'"),
+        (["--device", "tpu"], "device='tpu'"),
+        (["--precision", "fp8"], "precision='fp8'"),
+        (["--nproc", "0"], "nproc"),
+        (["--model", "gpt-9"], "model='gpt-9'"),
+        (["--model", "gpt-125m:depth=3"], "model="),
+        (["--micro-batches", "1,x"], "micro_batches"),
+    ],
+)
+def test_bad_calibrate_input_is_one_line_and_exit_2(tmp_path, capsys, argv, needle):
+    out = tmp_path / "cal" / "p.json"
+    assert main(["calibrate", *argv, "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert needle in err
+    assert err.count("\n") == 1
+    assert not out.parent.exists()  # nothing half-written
+
+
+def test_model_signature_names_what_changes_a_layer_time():
+    gpt = preset("gpt-125m")
+    assert model_signature(gpt) == model_signature(with_overrides(gpt, layers=2))
+    assert model_signature(gpt) != model_signature(with_overrides(gpt, seq_len=128))
+    assert model_signature(gpt) != model_signature(gpt, flash_attention=True)
+    assert model_signature(preset("toy-mlp")) == "mlp-h4096-bias"
+    key = layer_time_key(gpt, LayerKind.BLOCK, 4, "bf16")
+    assert key.endswith("|block|mb4|tp1|bf16")
+
+
+def test_plan_survives_json():
+    model = with_overrides(preset("gpt-125m"), layers=2, seq_len=128)
+    plan = default_plan(
+        "cpu",
+        "fp32",
+        (model, preset("toy-mlp")),
+        (1, 2),
+        quick=False,
+        topology="1x2-cpu",
+        link_classes={"intra": "loopback"},
+    )
+    assert Plan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
+    # the model's own GEMMs, forward and backward, are in the sweep
+    assert (128, 2304, 768, 1) in plan.gemm_shapes
+    assert (768, 2304, 128, 1) in plan.gemm_shapes  # the qkv weight gradient
