@@ -121,8 +121,9 @@ class FlowNetwork:
         """Start a phase of flows now; the event fires when all of them have ended.
 
         `repeat` coalesces that many identical consecutive steps (see the module doc).
-        `latency_s`, when given, is paid once by the whole phase before its data moves, in
-        place of each flow's route latency (pipelined algorithms: a chain, a tree).
+        `latency_s`, when given, is the latency of one step for the whole phase, in place of
+        each flow's route latency (a pipelined ring's mean hop, a chain's or tree's fill);
+        the phase pays `repeat` x it before its data moves.
         """
         require(repeat >= 1, "repeat", repeat, "a positive number of steps")
         event = self.env.event()
@@ -132,8 +133,10 @@ class FlowNetwork:
         groups: dict[float, list[Flow]] = {}
         for flow in flows:
             require(flow.nbytes >= 0, "flow bytes", flow.nbytes, ">= 0")
-            delay = self.topology.route(flow.src, flow.dst).latency_s * repeat
-            groups.setdefault(delay if latency_s is None else latency_s, []).append(flow)
+            step_s = self.topology.route(flow.src, flow.dst).latency_s
+            groups.setdefault(repeat * (step_s if latency_s is None else latency_s), []).append(
+                flow
+            )
         if not flows:
             event.succeed()
         for delay, group in groups.items():
