@@ -37,7 +37,7 @@ from itertools import pairwise
 
 import numpy as np
 
-from zsim.collectives import (
+from zsim.collective_model import (
     Algorithm,
     CollectiveCall,
     CollectiveOp,

@@ -1,170 +1,157 @@
-"""The vocabulary of collectives: ops, calls, plans of phases, nccl-tests bandwidths, and
-the closed alpha-beta form of each algorithm.
+"""Collectives on the flow network: the public entry point for the engine and calibration.
 
-A `CollectiveCall` (op, bytes, GPU group, algorithm) is what the engine issues;
-`zsim.algorithms.plan` turns it into a `Plan` (a fixed call latency, then phases run one after
-another); `zsim.communicator` runs plans on the flow network.
+- `CollectiveCall(op, nbytes, group, algorithm, root)` describes one call (nccl-tests sizes);
+- `plan(topology, call)` says how the backend performs it (phases of flows, `zsim.algorithms`)
+  and `estimate_s(topology, call)` gives its closed form without simulating (fast path);
+- a `Communicator` owns one `FlowNetwork` for a simpy run and starts calls and transfers on
+  it, so every collective shares the links with all the others: contention between TP, DP
+  and PP traffic comes from the network, not from a formula. Plans are cached per call.
+- `simulate_s(topology, calls)` runs calls together on a fresh network (CLI, tests).
 
-Sizes follow nccl-tests (doc/PERFORMANCE.md): S is the whole buffer of all_reduce, broadcast
-and reduce, the gathered output of all_gather, the input of reduce_scatter, the message of
-send_recv and the per-rank input of all_to_all.
-
-Closed forms: alpha is the latency of one step, B a rank's bandwidth (bytes/s, all channels
-together). On a uniform network the flow simulation of each algorithm equals its form (a
-test); on a real topology `zsim.algorithms` evaluates the form with alpha and B taken from the
-pattern's routes, which is the fast path (`estimate_s`).
+The vocabulary and the closed forms live in `zsim.collective_model`; they are re-exported here.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from enum import StrEnum
+from collections.abc import Generator, Sequence
+from typing import Any
 
-from zsim.errors import require
-from zsim.network import Flow
+import numpy as np
+import simpy
 
+from zsim.algorithms import estimate_s, plan
+from zsim.collective_model import (
+    Algorithm,
+    CollectiveCall,
+    CollectiveOp,
+    Phase,
+    Plan,
+    bandwidths,
+    bus_bandwidth_factor,
+    chain_closed_form_s,
+    gloo_closed_form_s,
+    ring_closed_form_s,
+    tree_closed_form_s,
+)
+from zsim.network import FlowNetwork
+from zsim.topology import Topology
 
-class CollectiveOp(StrEnum):
-    ALL_GATHER = "all_gather"
-    REDUCE_SCATTER = "reduce_scatter"
-    ALL_REDUCE = "all_reduce"
-    BROADCAST = "broadcast"
-    REDUCE = "reduce"
-    SEND_RECV = "send_recv"
-    ALL_TO_ALL = "all_to_all"
-
-
-class Algorithm(StrEnum):
-    AUTO = "auto"  # what the backend would pick (NCCL: ring, or tree when cheaper)
-    RING = "ring"  # the backend's flat algorithm (gloo: its only ones)
-    TREE = "tree"  # NCCL all_reduce: chain in a node, double binary tree across nodes
-    HIERARCHICAL = "hierarchical"  # intra-node, then inter-node, then intra-node stages
-
-
-def bus_bandwidth_factor(op: CollectiveOp, n: int) -> float:
-    """nccl-tests' busbw = algbw x factor (doc/PERFORMANCE.md; sendrecv.cu for send_recv)."""
-    if op is CollectiveOp.ALL_REDUCE:
-        return 2 * (n - 1) / n
-    if op in (CollectiveOp.ALL_GATHER, CollectiveOp.REDUCE_SCATTER, CollectiveOp.ALL_TO_ALL):
-        return (n - 1) / n
-    return 1.0
-
-
-def bandwidths(op: CollectiveOp, n: int, nbytes: float, time_s: float) -> tuple[float, float]:
-    """(algbw, busbw) in bytes/s: algbw = S / t, busbw = algbw x factor."""
-    algbw = nbytes / time_s if time_s > 0 else math.inf
-    return algbw, algbw * bus_bandwidth_factor(op, n)
-
-
-@dataclass(frozen=True)
-class CollectiveCall:
-    """One collective the engine issues. `group` lists GPU ids in rank order; `root` is an
-    index into it (broadcast, reduce); send_recv's group is (src, dst)."""
-
-    op: CollectiveOp
-    nbytes: float
-    group: tuple[int, ...]
-    algorithm: Algorithm = Algorithm.AUTO
-    root: int = 0
-
-    def __post_init__(self) -> None:
-        require(self.nbytes >= 0, "bytes", self.nbytes, ">= 0")
-        require(len(self.group) >= 1, "group", self.group, "at least one GPU")
-        require(len(set(self.group)) == len(self.group), "group", self.group, "distinct GPUs")
-        require(
-            self.op is not CollectiveOp.SEND_RECV or len(self.group) == 2,
-            "group",
-            self.group,
-            "(src, dst) for send_recv",
-        )
-        require(0 <= self.root < len(self.group), "root", self.root, "an index into the group")
+__all__ = [
+    "Algorithm",
+    "CollectiveCall",
+    "CollectiveOp",
+    "Communicator",
+    "Phase",
+    "Plan",
+    "bandwidths",
+    "bus_bandwidth_factor",
+    "chain_closed_form_s",
+    "estimate_s",
+    "gloo_closed_form_s",
+    "plan",
+    "ring_closed_form_s",
+    "run_plan",
+    "simulate_s",
+    "tree_closed_form_s",
+]
 
 
-@dataclass(frozen=True)
-class Phase:
-    """Flows that start together; the phase ends when the last one ends.
-
-    `repeat`: identical consecutive steps, coalesced (see `zsim.network`).
-    `latency_s`: one step's latency for the whole phase (a pipelined ring's mean hop, a
-    chain's or a tree's pipeline fill) instead of each flow's own route latency.
-    `waits_for[i]`: flows of this phase that must end before flow i starts (a dataflow, as in
-    gloo's binomial broadcast); None when all start at once.
-    """
-
-    flows: tuple[Flow, ...]
-    repeat: int = 1
-    latency_s: float | None = None
-    waits_for: tuple[tuple[int, ...], ...] | None = None
-
-
-@dataclass(frozen=True)
-class Plan:
-    """How a call runs: the backend's call latency, then the phases in order."""
-
-    call: CollectiveCall
-    algorithm: str  # resolved: nccl-ring, nccl-tree, nccl-hierarchical, nccl-p2p, gloo
-    phases: tuple[Phase, ...]
-    overhead_s: float
-    closed_form_s: float  # the algorithm's alpha-beta time, call latency included
+def run_plan(
+    network: FlowNetwork, chosen: Plan, exact_steps: bool = False
+) -> Generator[simpy.Event, Any, float]:
+    """A simpy process body: the call latency, then each phase; returns the elapsed seconds.
+    `exact_steps` runs repeated steps one at a time instead of coalesced (for checking)."""
+    env = network.env
+    start = env.now
+    if chosen.overhead_s > 0:
+        yield env.timeout(chosen.overhead_s)
+    for phase in chosen.phases:
+        if phase.waits_for is not None:
+            yield from _dataflow(network, phase)
+        elif exact_steps:
+            for _ in range(phase.repeat):
+                yield network.start(phase.flows, latency_s=phase.latency_s)
+        else:
+            yield network.start(phase.flows, repeat=phase.repeat, latency_s=phase.latency_s)
+    return float(env.now - start)
 
 
-# ---- closed forms (alpha-beta), one per algorithm --------------------------------------
+def _dataflow(network: FlowNetwork, phase: Phase) -> Generator[simpy.Event, Any, None]:
+    """Each flow starts once the flows it waits for have ended."""
+    env = network.env
+    ended = [env.event() for _ in phase.flows]
+    waits = phase.waits_for or ()
+
+    def one(i: int) -> Generator[simpy.Event, Any, None]:
+        yield simpy.AllOf(env, [ended[j] for j in waits[i]])
+        yield network.start([phase.flows[i]])
+        ended[i].succeed()
+
+    for i in range(len(phase.flows)):
+        env.process(one(i))
+    yield simpy.AllOf(env, ended)
 
 
-def ring_closed_form_s(op: CollectiveOp, n: int, nbytes: float, alpha_s: float, bw: float) -> float:
-    """A ring on a uniform network of per-rank bandwidth `bw` (bytes/s, all channels):
-    all_gather / reduce_scatter (n-1)(alpha + S/(n B)); all_reduce 2(n-1)(alpha + S/(n B));
-    broadcast / reduce as a pipelined chain (n-1) alpha + S/B; send_recv alpha + S/B;
-    all_to_all alpha + (n-1) S/(n B)."""
-    if n == 1:
-        return 0.0
-    if op in (CollectiveOp.ALL_GATHER, CollectiveOp.REDUCE_SCATTER):
-        return (n - 1) * (alpha_s + nbytes / (n * bw))
-    if op is CollectiveOp.ALL_REDUCE:
-        return 2 * (n - 1) * (alpha_s + nbytes / (n * bw))
-    if op in (CollectiveOp.BROADCAST, CollectiveOp.REDUCE):
-        return (n - 1) * alpha_s + nbytes / bw
-    if op is CollectiveOp.ALL_TO_ALL:
-        return alpha_s + (n - 1) * nbytes / (n * bw)
-    return alpha_s + nbytes / bw
+class Communicator:
+    """Collectives and point-to-point transfers on one shared flow network."""
+
+    def __init__(
+        self, env: simpy.Environment, topology: Topology, exact_steps: bool = False
+    ) -> None:
+        self.env = env
+        self.topology = topology
+        self.network = FlowNetwork(env, topology)
+        self.exact_steps = exact_steps
+        self._plans: dict[CollectiveCall, Plan] = {}
+        self._links: dict[CollectiveCall, frozenset[int]] = {}
+
+    def plan(self, call: CollectiveCall) -> Plan:
+        if call not in self._plans:
+            self._plans[call] = plan(self.topology, call)
+        return self._plans[call]
+
+    def run(self, call: CollectiveCall) -> simpy.Process:
+        """Start `call` now; the process's value is its duration in seconds."""
+        return self.env.process(run_plan(self.network, self.plan(call), self.exact_steps))
+
+    def collective(
+        self,
+        op: CollectiveOp,
+        nbytes: float,
+        group: Sequence[int],
+        algorithm: Algorithm = Algorithm.AUTO,
+        root: int = 0,
+    ) -> simpy.Process:
+        return self.run(CollectiveCall(op, nbytes, tuple(group), algorithm, root))
+
+    def transfer(self, src: int, dst: int, nbytes: float) -> simpy.Process:
+        """A point-to-point send (pipeline activations): one send_recv call."""
+        return self.collective(CollectiveOp.SEND_RECV, nbytes, (src, dst))
+
+    def links_of(self, call: CollectiveCall) -> frozenset[int]:
+        """The directed links `call`'s flows cross."""
+        if call not in self._links:
+            flows = [f for phase in self.plan(call).phases for f in phase.flows]
+            routes = [self.topology.route(f.src, f.dst).links for f in flows]
+            links = np.concatenate(routes).tolist() if routes else []
+            self._links[call] = frozenset(links)
+        return self._links[call]
+
+    def shares_links(
+        self, op: CollectiveOp, group_a: Sequence[int], group_b: Sequence[int]
+    ) -> bool:
+        """Whether `op` on the two groups crosses a common link (then they contend)."""
+        a = self.links_of(CollectiveCall(op, 1.0, tuple(group_a)))
+        b = self.links_of(CollectiveCall(op, 1.0, tuple(group_b)))
+        return not a.isdisjoint(b)
 
 
-def chain_closed_form_s(
-    n: int, nbytes: float, alpha_s: float, bw: float, chunk_bytes: float
-) -> float:
-    """A pipelined chain of n ranks (NCCL broadcast / reduce, per channel): the first chunk
-    crosses n-1 hops ((n-1) alpha + (n-2) chunk / B), then the rest streams (S / B)."""
-    if n == 1:
-        return 0.0
-    first_chunk = min(chunk_bytes, nbytes)
-    return (n - 1) * alpha_s + max(n - 2, 0) * first_chunk / bw + nbytes / bw
-
-
-def tree_closed_form_s(nbytes: float, pipeline_latency_s: float, bw: float) -> float:
-    """NCCL's pipelined tree all_reduce: every GPU sends S up and S down in all, so
-    2 S / B after the pipeline fills (NCCL's tuner: algbw = busBw / 2)."""
-    return pipeline_latency_s + 2 * nbytes / bw
-
-
-def gloo_closed_form_s(
-    op: CollectiveOp, n: int, nbytes: float, alpha_s: float, bw: float, segments: int = 2
-) -> float:
-    """gloo's algorithms, one message latency alpha per segment (an upper bound: two
-    segments are in flight). `segments` is k, the segments per chunk of the ring."""
-    if n == 1:
-        return 0.0
-    if op is CollectiveOp.ALL_REDUCE or op is CollectiveOp.REDUCE_SCATTER:
-        return 2 * (n - 1) * segments * alpha_s + 2 * (n - 1) * nbytes / (n * bw)
-    if op is CollectiveOp.ALL_GATHER:
-        return 2 * (n - 1) * alpha_s + (n - 1) * nbytes / (n * bw)
-    if op is CollectiveOp.BROADCAST:
-        return math.ceil(math.log2(n)) * (alpha_s + nbytes / bw)
-    if op is CollectiveOp.REDUCE:
-        steps = n * segments - 2
-        return (
-            steps * (alpha_s + nbytes / (n * segments * bw)) + alpha_s + (n - 1) * nbytes / (n * bw)
-        )
-    if op is CollectiveOp.ALL_TO_ALL:
-        return alpha_s + (n - 1) * nbytes / (n * bw)
-    return alpha_s + nbytes / bw
+def simulate_s(
+    topo: Topology, calls: Sequence[CollectiveCall], exact_steps: bool = False
+) -> list[float]:
+    """Run `calls` together from time 0 on a fresh network; each one's duration in seconds."""
+    env = simpy.Environment()
+    comm = Communicator(env, topo, exact_steps)
+    processes = [comm.run(call) for call in calls]
+    env.run()
+    return [float(p.value or 0.0) for p in processes]
