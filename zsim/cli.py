@@ -144,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     from zsim.calibrate import cli as calibrate_cli
     calibrate_cli.add_commands(sub)
+    from zsim import cli_network
+
+    cli_network.add_commands(sub)
 
     mem = sub.add_parser("memory", help="memory ledger per GPU for ZeRO stages 0-3")
     _add_model_flags(mem)
