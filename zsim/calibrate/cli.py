@@ -31,6 +31,12 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--node-rank", default="0", help="this node's rank in a multi-node run")
     p.add_argument("--master-addr", default="127.0.0.1", help="node 0's address")
     p.add_argument(
+        "--topology",
+        metavar="NAME",
+        help="the measured cluster as a zsim topology, naming the link classes the collectives "
+        "are fitted to (default NNODESxNPROC-cpu on cpu, NNODESxNPROC-nvlink on cuda)",
+    )
+    p.add_argument(
         "--emulate",
         metavar="TOPOLOGY",
         help="emulate nodes with network namespaces, e.g. 2x2-cpu-1gbit (root)",
@@ -116,15 +122,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         args.node_rank,
         f"0..{launch.nnodes - 1}",
     )
-    require(
-        args.emulate is None,
-        "emulate",
-        args.emulate,
-        "not yet supported by zsim calibrate: measure one host (intra-node links only)",
-    )
-    name = args.name or f"{device}-{nproc * launch.nnodes}rank"
-    out = args.out or Path("calibration") / f"{name}.json"
+    emulation = None
     topology = args.topology or f"{launch.nnodes}x{nproc}-{'cpu' if device == 'cpu' else 'nvlink'}"
+    if args.emulate is not None:
+        emulation, topology = _emulation(args.emulate, device)
+        launch = runner.Launch(emulation.ranks_per_node, launch.threads, emulation.nodes)
+    name = args.name or f"{device}-{launch.nproc * launch.nnodes}rank"
+    out = args.out or Path("calibration") / f"{name}.json"
     plan = plans.default_plan(
         device,
         precision,
@@ -138,7 +142,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     )
     try:
         written = runner.calibrate(
-            plan, launch, name, out, show_progress=not args.no_progress, plot=not args.no_plot
+            plan,
+            launch,
+            name,
+            out,
+            show_progress=not args.no_progress,
+            plot=not args.no_plot,
+            emulation=emulation,
         )
     except runner.CalibrationFailed as exc:
         print(f"zsim: error: {str(exc).splitlines()[0]}", file=sys.stderr)
@@ -150,6 +160,24 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     print_summary(written.calibration, written.paths)
     return 0
+
+
+def _emulation(name: str, device: str) -> tuple[Any, str]:
+    """The emulated cluster for `--emulate NAME`, exactly as `zsim validate --emulate` builds
+    it (the rate scaled down to what this host sustains), and the topology it amounts to."""
+    from zsim import presets
+    from zsim.calibrate.runner import Emulation
+    from zsim.validate.cli import MAX_EMULATED_RATE_BPS, rate_name
+    from zsim.validate.emulate import check_can_emulate
+
+    require(device == "cpu", "emulate", name, "--device cpu (ranks as processes)")
+    topo = presets.topology(name)
+    require(topo.nodes > 1, "emulate", name, "a topology of more than one node, e.g. 2x2-cpu")
+    check_can_emulate()
+    rate = topo.fabric.nic.bandwidth_bytes_per_s
+    scale = min(1.0, MAX_EMULATED_RATE_BPS / rate)
+    emulation = Emulation(topo.nodes, topo.gpus_per_node, rate, scale, topo.fabric.nic.latency_s)
+    return emulation, f"{topo.nodes}x{topo.gpus_per_node}-cpu-{rate_name(rate * scale)}"
 
 
 def cmd_profile(args: argparse.Namespace) -> int:

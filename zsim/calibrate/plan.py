@@ -105,12 +105,15 @@ class Measurement:
             m, n, k, b = self.shape
             return f"{self.op} {m}x{n}x{k}" + (f" x{b}" if b > 1 else "")
         if self.kind in (Kind.LAYER_FORWARD, Kind.LAYER_BACKWARD):
-            return f"{self.kind} {self.layer_key}"
+            model = self.layer_key.split("|", 1)[0]
+            return f"{self.op} {self.kind.removeprefix('layer_')} mb{self.micro_batch} {model}"
         if self.kind is Kind.OPTIMIZER:
             return f"{self.op} {self.params} params"
         if self.kind is Kind.COLLECTIVE:
-            return f"{self.op} {self.group} n={self.ranks} {self.size_bytes:.0f} B"
-        return f"{self.op} {self.size_bytes:.0f} B"
+            return f"{self.op} {self.group} n={self.ranks} {_bytes(self.size_bytes)}"
+        if self.kind is Kind.ATTENTION:
+            return f"{self.op} mb{self.micro_batch} {self.flops:.3g} FLOP"
+        return f"{self.op} {_bytes(self.size_bytes)}"
 
     def with_samples(self, samples_s: tuple[float, ...]) -> Measurement:
         return dataclasses.replace(self, samples_s=samples_s)
@@ -143,6 +146,13 @@ class Measurement:
         return Measurement(**values)
 
 
+def _bytes(n: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:g} {unit}"
+    return f"{n:g} B"
+
+
 @dataclass(frozen=True)
 class Plan:
     """Everything a worker needs to know; built by the runner, sent as JSON."""
@@ -161,10 +171,11 @@ class Plan:
     topology: str = ""  # the measured cluster as a zsim topology name, e.g. 1x2-cpu
     link_classes: dict[str, str] = field(default_factory=dict)  # group -> link class
     warmup: int = 3
-    repeats: int = 15  # samples per row, spread over the rounds
+    repeats: int = 15  # samples per row at least, spread over the rounds
+    max_repeats: int = 150  # samples per row at most (fast rows get more, for robust medians)
     rounds: int = 3  # passes over the whole set, so a slow spell of a shared host hits every row
-    min_sample_s: float = 0.002  # small ops are looped until one sample takes this long
-    max_row_s: float = 6.0  # per round: fewer repeats (not fewer than 3) for slower rows
+    min_sample_s: float = 2e-4  # tiny ops are looped until one sample takes this long
+    max_row_s: float = 4.0  # time per row (all rounds) beyond `repeats` samples
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -275,14 +286,15 @@ def default_plan(
         else (1024, 4096, *powers(64 * 1024, 256 * mib)),
         host_copy_sizes_bytes=(64 * mib,) if quick else (64 * mib, 128 * mib, 256 * mib),
         adam_params=(2**22,) if quick else (2**22, 2**23, 2**24, 2**25),
-        collective_sizes_bytes=(
-            powers(1024, 4 * mib, 16) if quick else powers(1024, max_collective_bytes)
-        ),
+        # 8 B: the gradient-norm all_reduce DeepSpeed issues every step
+        collective_sizes_bytes=(8, 1024, 64 * 1024, 4 * mib)
+        if quick
+        else (8, *powers(1024, max_collective_bytes)),
         topology=topology,
         link_classes=dict(link_classes or {}),
         warmup=1 if quick else 3,
         repeats=5 if quick else 15,
+        max_repeats=15 if quick else 150,
         rounds=1 if quick else 3,
-        min_sample_s=0.001 if quick else 0.002,
-        max_row_s=1.0 if quick else 3.0,
+        max_row_s=0.3 if quick else 4.0,
     )

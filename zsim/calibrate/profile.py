@@ -219,7 +219,11 @@ def calibration_from_dict(d: Any, source: str = "profile") -> Calibration:
                 raise InputError(where, exc.value, exc.allowed) from None
             raise InputError(f"{source}.measurements[{i}]", row, f"a measurement ({exc})") from None
     fit = _mapping(f"{source}.fit", data.get("fit", {}))
-    res = [Residual(**r) for r in fit.get("residuals", []) if isinstance(r, dict)]
+    try:
+        res = [Residual(**r) for r in fit.get("residuals", [])]
+    except TypeError as exc:
+        where = f"{source}.fit.residuals"
+        raise InputError(where, "...", f"rows of {Residual.__name__} ({exc})") from None
     return Calibration(
         name=str(data.get("name", profile.name)),
         profile=profile,

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from zsim.calibrate.profile import Calibration
 
-_console = Console(highlight=False)
+_console = Console(highlight=False, width=120)
 
 
 def summary_rows(cal: Calibration) -> list[tuple[str, str]]:
@@ -53,12 +53,13 @@ def print_summary(cal: Calibration, paths: Sequence[Path]) -> None:
         table.add_row(k, v)
     _console.print(table)
     res = Table(title="fit residuals |predicted - measured| / measured")
-    for col in ("kind", "op", "rows", "median", "worst", "worst row"):
+    for col in ("kind", "op", "fitted", "rows", "median", "worst", "worst row"):
         res.add_column(col, justify="right" if col in ("rows", "median", "worst") else "left")
-    for r in cal.residuals:
+    for r in sorted(cal.residuals, key=lambda r: (not r.fitted, r.kind, r.op)):
         res.add_row(
             r.kind,
             r.op,
+            "yes" if r.fitted else "no (outside the model)",
             str(r.rows),
             f"{r.median_rel_err:.1%}",
             f"{r.worst_rel_err:.1%}",

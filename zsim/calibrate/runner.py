@@ -22,7 +22,7 @@ import sys
 import tempfile
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +100,16 @@ def load_average() -> list[float]:
         return []
 
 
+def busy_host(load: list[float], cores: int) -> str:
+    """A warning when other work competes for the cores (empty when the host looks idle)."""
+    if load and load[0] > 0.5 * cores:
+        return (
+            f"this host is busy (load {load[0]:.1f} on {cores} cores): measurements will be "
+            "slower and noisier than on an idle host; the load is recorded in the profile"
+        )
+    return ""
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -129,53 +139,65 @@ def worker_argv(launch: Launch, plan_path: Path, raw_path: Path) -> list[str]:
     ]
 
 
-def worker_env(device: str, launch: Launch) -> dict[str, str]:
+def threads_per_rank(launch: Launch, ranks_on_host: int) -> int:
+    """Threads each rank gets: the flag, else the host's cores shared by its ranks (at least
+    one), the rule zsim's validation launches DeepSpeed with (and torchrun's 1 for 2 ranks on
+    2 cores)."""
+    if launch.threads is not None:
+        return launch.threads
+    return max(1, (os.cpu_count() or 1) // ranks_on_host)
+
+
+def worker_env(
+    device: str, launch: Launch, ranks_on_host: int, ifname: str | None
+) -> dict[str, str]:
+    """The environment of the workers, as zsim's validation gives its training ranks."""
     env = dict(os.environ)
     if device == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
-    if launch.threads is not None:
-        env["OMP_NUM_THREADS"] = str(launch.threads)
+        if ifname is not None:
+            env["GLOO_SOCKET_IFNAME"] = ifname
+    env["OMP_NUM_THREADS"] = str(threads_per_rank(launch, ranks_on_host))
     env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONWARNINGS"] = "ignore::FutureWarning"
     return env
 
 
-def run_workers(
-    argv: list[str],
-    env: Mapping[str, str],
+def watch(
+    started: list[subprocess.Popen[bytes]],
     on_progress: Callable[[int, int, str], None],
-    timeout_s: float | None = None,
+    logs: list[Path],
 ) -> None:
-    """Run torchrun; report `@zsim-progress` lines; raise CalibrationFailed with the output's
-    tail when it fails."""
-    tail: deque[str] = deque(maxlen=30)
-    proc = subprocess.Popen(
-        argv,
-        env=dict(env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.startswith(PROGRESS):
-                _, done, total, label = [*line.rstrip("\n").split(" ", 3), ""][:4]
-                on_progress(int(done), int(total), label)
-            else:
-                tail.append(line.rstrip("\n"))
-        code = proc.wait(timeout=timeout_s)
-    except BaseException:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, 15)
-        proc.wait(timeout=30)
-        raise
-    if code != 0:
+    """Follow the first launcher's output (progress lines, the rest kept for errors) until it
+    ends, then wait for the others; raise CalibrationFailed with the output's tail when one
+    fails."""
+    tail: deque[str] = deque(maxlen=40)
+    first = started[0]
+    assert first.stdout is not None
+    for raw in first.stdout:
+        line = raw.decode(errors="replace").rstrip("\n")
+        if line.startswith(PROGRESS):
+            _, done, total, label = [*line.split(" ", 3), ""][:4]
+            on_progress(int(done), int(total), label)
+        else:
+            tail.append(line)
+    codes = [p.wait() for p in started]
+    if any(codes):
+        for log in logs:
+            with contextlib.suppress(OSError):
+                tail.extend(log.read_text(errors="replace").splitlines()[-10:])
         errors = [t for t in tail if "Error" in t or "error" in t] or list(tail)
+        node, code = next((i, c) for i, c in enumerate(codes) if c)
         raise CalibrationFailed(
-            f"the calibration workers failed (exit {code}): {errors[-1] if errors else ''}\n"
-            + "\n".join(tail)
+            f"the calibration workers failed (node {node}, exit {code}): "
+            f"{errors[-1].strip() if errors else 'no output'}\n" + "\n".join(tail)
         )
+
+
+def launch_local(argv: list[str], env: Mapping[str, str], tag: str) -> subprocess.Popen[bytes]:
+    from zsim.validate import procs
+
+    return procs.spawn(argv, tag, env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
 @contextlib.contextmanager
@@ -202,6 +224,85 @@ def progress_bar(enabled: bool) -> Iterator[Callable[[int, int, str], None]]:
         yield update
 
 
+def run_local(
+    plan: Plan,
+    launch: Launch,
+    plan_path: Path,
+    raw_path: Path,
+    update: Callable[[int, int, str], None],
+) -> None:
+    """One torchrun on this host (one node of a real multi-node run when nnodes > 1)."""
+    from zsim.validate import procs
+
+    ifname = "lo" if launch.nnodes == 1 else None  # several real hosts: gloo picks
+    env = worker_env(plan.device, launch, launch.nproc, ifname)
+    tag = procs.new_tag("calibrate")
+    started = [launch_local(worker_argv(launch, plan_path, raw_path), env, tag)]
+    try:
+        watch(started, update, [])
+    finally:
+        procs.stop(started, tag)
+
+
+@dataclass(frozen=True)
+class Emulation:
+    """Nodes emulated as network namespaces (zsim.validate.emulate), as validation runs them."""
+
+    nodes: int
+    ranks_per_node: int
+    rate_bps: float  # the topology's inter-node rate
+    scale: float  # applied rate = rate_bps * scale
+    latency_s: float
+
+
+def run_emulated(
+    plan: Plan,
+    emulation: Emulation,
+    plan_path: Path,
+    raw_path: Path,
+    update: Callable[[int, int, str], None],
+) -> dict[str, Any]:
+    """One torchrun per emulated node; node 0 holds rank 0. What was applied is returned."""
+    from zsim.validate import procs
+    from zsim.validate.emulate import NODE_DEV, EmulatedCluster
+
+    launch = Launch(
+        nproc=emulation.ranks_per_node,
+        threads=None,
+        nnodes=emulation.nodes,
+        master_port=29500,  # inside node 0's fresh namespace: free
+    )
+    world = emulation.nodes * emulation.ranks_per_node
+    env = worker_env(plan.device, launch, world, NODE_DEV)  # every rank shares this host
+    with EmulatedCluster(
+        nodes=emulation.nodes,
+        ranks_per_node=emulation.ranks_per_node,
+        rate_bps=emulation.rate_bps,
+        scale=emulation.scale,
+        latency_s=emulation.latency_s,
+    ) as cluster:
+        tag = procs.new_tag("calibrate")
+        logs = [raw_path.with_name(f"node{n}.log") for n in range(emulation.nodes)]
+        started = []
+        with contextlib.ExitStack() as files:
+            try:
+                for node in range(emulation.nodes):
+                    node_launch = replace(launch, node_rank=node, master_addr=cluster.address(0))
+                    argv = worker_argv(node_launch, plan_path, raw_path)
+                    if node == 0:
+                        out: dict[str, Any] = {"stdout": subprocess.PIPE}
+                    else:
+                        out = {"stdout": files.enter_context(logs[node].open("wb"))}
+                    started.append(
+                        cluster.popen(node, argv, env, tag=tag, stderr=subprocess.STDOUT, **out)
+                    )
+                watch(started, update, logs)
+            finally:
+                procs.stop(started, tag)
+        applied = cluster.emulation
+        return applied.as_dict() if applied is not None else {}
+
+
 # ---- the whole run ------------------------------------------------------------------------
 
 
@@ -219,6 +320,7 @@ def calibrate(
     out: Path,
     show_progress: bool = True,
     plot: bool = True,
+    emulation: Emulation | None = None,
 ) -> Written | None:
     """Measure, fit, write. Nothing is written at `out` unless everything succeeded. None on a
     node other than node 0 (it only measures; node 0 gathers and writes)."""
@@ -233,13 +335,18 @@ def calibrate(
         "load_before": load_average(),
         **host_description(),
     }
+    busy = busy_host(info["load_before"], info.get("cpu_cores") or 1)
+    if busy:
+        print(f"zsim: warning: {busy}", file=sys.stderr)
+        info["warning"] = busy
     with tempfile.TemporaryDirectory(prefix="zsim-calibrate-") as tmp:
         plan_path, raw_path = Path(tmp) / "plan.json", Path(tmp) / "raw.json"
         plan_path.write_text(json.dumps(plan.to_dict()))
         with progress_bar(show_progress) as update:
-            run_workers(
-                worker_argv(launch, plan_path, raw_path), worker_env(plan.device, launch), update
-            )
+            if emulation is None:
+                run_local(plan, launch, plan_path, raw_path, update)
+            else:
+                info["emulation"] = run_emulated(plan, emulation, plan_path, raw_path, update)
         if launch.node_rank != 0:
             return None
         raw = json.loads(raw_path.read_text())

@@ -90,9 +90,10 @@ class Bench:
         slowest rank: every rank gets the same answer."""
         (probe_s,) = self.max_over_ranks([probe_s])
         inner = max(1, math.ceil(self.plan.min_sample_s / max(probe_s, 1e-9)))
-        fit = int(self.plan.max_row_s / max(probe_s * inner, 1e-9))
-        per_round = math.ceil(self.plan.repeats / self.plan.rounds)
-        return inner, max(min(3, per_round), min(per_round, fit))
+        budget = int(self.plan.max_row_s / self.plan.rounds / max(probe_s * inner, 1e-9))
+        least = math.ceil(self.plan.repeats / self.plan.rounds)
+        most = math.ceil(self.plan.max_repeats / self.plan.rounds)
+        return inner, max(least, min(most, budget))
 
     def time_op(self, fn: Callable[[], Any], barrier_each: bool = False) -> tuple[list[float], int]:
         """Warm up, then samples of seconds per call (max over ranks) and calls per sample."""
