@@ -58,7 +58,8 @@ def test_cli_refuses_without_root(
     monkeypatch.setattr(emulate, "is_root", lambda: False)
     assert main(["validate", "--topology", "2x2-cpu-1gbit", "--emulate"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "root" in err[0]
+    assert len(err) == 1
+    assert "root" in err[0]
 
 
 def test_refuses_bad_shapes() -> None:
@@ -77,7 +78,8 @@ def test_creates_and_removes_everything() -> None:
         assert made <= _namespaces()
         assert c.emulation.addresses == ("10.213.0.1", "10.213.0.2", "10.213.0.3")
         qdisc = emulate.run_in_ns(c.node_ns(1), ["tc", "qdisc", "show", "dev", "veth0"])
-        assert "tbf" in qdisc and "100Mbit" in qdisc
+        assert "tbf" in qdisc
+        assert "100Mbit" in qdisc
         bridge_side = emulate.run_in_ns(c.bridge_ns, ["tc", "qdisc", "show", "dev", "n2"])
         assert "tbf" in bridge_side
         assert c.measure_rate_bps(0, 2, nbytes=400_000) > 0  # through the bridge
@@ -88,12 +90,22 @@ def test_creates_and_removes_everything() -> None:
 
 @needs_root
 def test_removes_everything_when_the_block_raises() -> None:
-    with pytest.raises(RuntimeError, match="inside"), EmulatedCluster(2, 1, 12.5e6) as c:
-        made = {*c.emulation.namespaces, c.bridge_ns} if c.emulation else set()
-        sleeper = c.popen(1, ["sleep", "600"])
-        raise RuntimeError("inside")
-    assert made and not made & _namespaces()
-    assert _gone(sleeper.pid)
+    seen: dict[str, object] = {}
+
+    def inside() -> None:
+        with EmulatedCluster(2, 1, 12.5e6) as c:
+            assert c.emulation is not None
+            seen["made"] = {*c.emulation.namespaces, c.bridge_ns}
+            seen["sleeper"] = c.popen(1, ["sleep", "600"]).pid
+            raise RuntimeError("inside")
+
+    with pytest.raises(RuntimeError, match="inside"):
+        inside()
+    made = seen["made"]
+    assert isinstance(made, set)
+    assert made
+    assert not made & _namespaces()
+    assert _gone(int(str(seen["sleeper"])))
 
 
 @needs_root

@@ -1,0 +1,245 @@
+"""Predicted against measured: the simulator's step time (with a band from the profile's
+spread) and the memory ledger, beside what the real run measured; errors and the MAPE.
+
+The prediction sees only the case (model, layout, the cluster it ran on) and a calibrated
+profile. Nothing measured in validation goes into it, and nothing here writes to a profile.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from zsim.errors import InputError
+from zsim.memory import MemoryLedger, ledger
+from zsim.validate.emulate import LinkEmulation
+from zsim.validate.runner import Case, Measurement, Status
+
+BAND_PERCENTILES = (5.0, 95.0)
+MEMORY_CATEGORIES = ("parameters", "gradients", "optimizer_states", "comm_buffers", "activations")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    step_time_s: float
+    low_s: float  # 5th percentile over profiles sampled from the calibration's spread
+    high_s: float  # 95th percentile
+    memory: MemoryLedger
+    band_samples: int  # profiles simulated for the band (0: none, low = high = step time)
+
+
+class PredictionUnavailable(Exception):
+    """No prediction for this case, and why (no profile, no simulator, the simulator failed)."""
+
+
+Simulate = Callable[..., Any]
+
+
+def _simulator() -> Simulate:
+    """`zsim.simulate(model, parallel, topology, device) -> Report`."""
+    try:
+        from zsim.simulation import simulate
+    except ImportError as exc:
+        raise PredictionUnavailable(f"the simulator is not available ({exc})") from None
+    return simulate
+
+
+def predict(case: Case, profile_path: Path | None, band_samples: int = 20) -> Prediction:
+    """Simulate `case` on the cluster it ran on, with the calibrated profile at `profile_path`;
+    the band is the 5th-95th percentile over `band_samples` profiles resampled from the
+    calibration's repeats."""
+    if profile_path is None:
+        raise PredictionUnavailable("no --profile given (make one with `zsim calibrate`)")
+    simulate = _simulator()
+    from zsim import presets
+    from zsim.calibrate.profile import load_profile, sample_profiles
+
+    topology = presets.topology(case.topology)
+    try:
+        report = simulate(case.model, case.parallel, topology, load_profile(profile_path))
+        step = float(report.step_time_s)
+        samples: list[float] = []
+        if band_samples > 0:
+            try:
+                profiles = sample_profiles(profile_path, band_samples, seed=0)
+            except InputError:  # a profile without raw measurements: no band
+                profiles = []
+            samples = [
+                float(simulate(case.model, case.parallel, topology, p).step_time_s)
+                for p in profiles
+            ]
+    except Exception as exc:  # a profile that lacks a rate, a simulator bug: note it per case
+        raise PredictionUnavailable(f"the simulator failed: {type(exc).__name__}: {exc}") from exc
+    low, high = (
+        (float(np.percentile(samples, BAND_PERCENTILES[0])), float(np.percentile(samples, 95.0)))
+        if samples
+        else (step, step)
+    )
+    return Prediction(step, min(low, step), max(high, step), report.memory, len(samples))
+
+
+# ---- rows -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Compared:
+    """One case: what was measured, what was predicted (or why not), and the errors."""
+
+    measurement: Measurement
+    prediction: Prediction | None
+    prediction_note: str
+    ledger: MemoryLedger
+
+    @property
+    def case(self) -> Case:
+        return self.measurement.case
+
+    @property
+    def step_error_pct(self) -> float | None:
+        m, p = self.measurement.step_time_s, self.prediction
+        if m is None or p is None:
+            return None
+        return error_pct(p.step_time_s, m)
+
+    def measured_memory(self) -> dict[str, int | None]:
+        m = self.measurement
+        held = m.held_bytes or {}
+        out: dict[str, int | None] = {c: held.get(c) for c in MEMORY_CATEGORIES}
+        out["activations"] = m.activations_bytes
+        return out
+
+    def ledger_memory(self) -> dict[str, float]:
+        lg = self.ledger
+        return {
+            "parameters": lg.parameters,
+            "gradients": lg.gradients,
+            "optimizer_states": lg.optimizer_states,
+            "comm_buffers": lg.comm_buffers,
+            "activations": lg.activations if lg.activations is not None else math.nan,
+        }
+
+
+def error_pct(predicted: float, measured: float) -> float | None:
+    """Signed error of a prediction, in % of the measurement (None when nothing was measured)."""
+    if measured == 0:
+        return None
+    return 100.0 * (predicted - measured) / measured
+
+
+def mape(rows: Sequence[Compared]) -> float | None:
+    """Mean absolute step-time error (%) over the cases with both numbers."""
+    errors = [abs(e) for r in rows if (e := r.step_error_pct) is not None]
+    return sum(errors) / len(errors) if errors else None
+
+
+def compare(
+    measurement: Measurement, profile_path: Path | None, band_samples: int = 20
+) -> Compared:
+    case = measurement.case
+    prediction, note = None, ""
+    try:
+        prediction = predict(case, profile_path, band_samples)
+    except PredictionUnavailable as exc:
+        note = str(exc)
+    return Compared(measurement, prediction, note, ledger(case.model, case.parallel))
+
+
+# ---- the table --------------------------------------------------------------------------------
+
+
+def row(c: Compared, context: dict[str, Any]) -> dict[str, Any]:
+    """One CSV row: the case, the status, step time predicted vs measured, memory by category."""
+    case, m, p = c.case, c.measurement, c.prediction
+    out: dict[str, Any] = {
+        "case": case.name,
+        "stage": int(case.parallel.zero_stage),
+        "model": case.model.name,
+        "params": case.model.total_params(),
+        "world": case.world,
+        "nodes": case.nodes,
+        "ranks_per_node": case.ranks_per_node,
+        "topology": case.topology,
+        "device": case.device,
+        "precision": str(case.parallel.precision),
+        "micro_batch": case.parallel.micro_batch,
+        "grad_accum": case.parallel.grad_accum,
+        "status": str(m.status),
+        "detail": m.detail,
+        "measured_step_s": m.step_time_s,
+        "predicted_step_s": p.step_time_s if p else None,
+        "predicted_low_s": p.low_s if p else None,
+        "predicted_high_s": p.high_s if p else None,
+        "step_error_pct": c.step_error_pct,
+        "prediction_note": c.prediction_note,
+        "measured_samples_per_s": m.samples_per_s,
+        "measured_tokens_per_s": m.tokens_per_s,
+        "measured_steps_s": " ".join(f"{t:.4f}" for t in m.step_times_s),
+    }
+    measured, predicted = c.measured_memory(), c.ledger_memory()
+    for cat in MEMORY_CATEGORIES:
+        got, want = measured[cat], predicted[cat]
+        out[f"measured_{cat}_bytes"] = got
+        out[f"ledger_{cat}_bytes"] = None if math.isnan(want) else want
+        out[f"{cat}_error_pct"] = (
+            error_pct(want, got) if got is not None and not math.isnan(want) else None
+        )
+    out["measured_other_bytes"] = (m.held_bytes or {}).get("other")
+    out["measured_peak_rss_bytes"] = m.peak_rss_bytes
+    out["measured_max_memory_allocated_bytes"] = m.max_memory_allocated_bytes
+    out["wall_s"] = round(m.wall_s, 1)
+    return out | context
+
+
+def to_csv(rows: Sequence[dict[str, Any]]) -> str:
+    buffer = io.StringIO()
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    for r in rows:
+        writer.writerow({k: _cell(v) for k, v in r.items()})
+    return buffer.getvalue()
+
+
+def _cell(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return value
+
+
+def ok_cases(rows: Sequence[Compared]) -> list[Compared]:
+    return [r for r in rows if r.measurement.status is Status.OK]
+
+
+def write_results(
+    rows: Sequence[Compared],
+    context: dict[str, Any],
+    out: Path,
+    title: str,
+    link: LinkEmulation | None = None,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """predicted_vs_measured.csv and .png, and summary.json (MAPE, statuses, the emulation)."""
+    from zsim.validate import plots
+
+    table = [row(r, context) for r in rows]
+    (out / "predicted_vs_measured.csv").write_text(to_csv(table))
+    fig = plots.figure(rows, title)
+    fig.savefig(out / "predicted_vs_measured.png", dpi=120)
+    summary = {
+        "mape_pct": mape(rows),
+        "cases": {r.case.name: str(r.measurement.status) for r in rows},
+        "step_error_pct": {r.case.name: r.step_error_pct for r in rows},
+        "emulation": link.as_dict() if link is not None else None,
+        "context": context,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return table, summary

@@ -1,0 +1,186 @@
+"""The tensors a real DeepSpeed engine holds, by ledger category (needs torch).
+
+The engine's objects (its module's parameters, the ZeRO optimizer wrapper, the torch optimizer
+it wraps, the engine itself) are walked for tensors; each tensor is reduced to its storage, so a
+view (a parameter inside a flat buffer, a gradient inside a bucket) counts once; each storage is
+classified by the names it was reached under, in this order:
+
+  optimizer_states  the torch optimizer's `state` (Adam's exp_avg, exp_avg_sq, step)
+  comm_buffers      DeepSpeed's communication buckets (`ipg` reduce buckets, all-gather buffers)
+                    and, under ZeRO-3, parameters while gathered for compute
+  gradients         `.grad` and DeepSpeed's gradient partitions (`averaged_gradients`, ...)
+  optimizer_states  the fp32 master partition (`single_partition_of_fp32_groups`, ...)
+  parameters        the module's parameters and their flat or partitioned buffers
+  other             anything else DeepSpeed keeps (recorded so that nothing is hidden)
+
+Sizes are the bytes of the storages, which is what a GPU allocates. On a CPU, `torch.empty`
+does not touch its pages, so a large bucket that is never filled counts here but not in the
+resident set size: both are reported, and they answer different questions.
+
+Activations are not held by the engine: `SavedTensors` counts the tensors autograd saves for
+backward during one micro-batch (parameters excluded), by storage.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+CATEGORIES = ("parameters", "gradients", "optimizer_states", "comm_buffers", "other")
+
+_COMM = r"ipg|bucket|allgather|all_gather|prefetch|^gathered<[^>]*>$"
+_PARAMS = r"^param<[^>]*>$|>\.ds_tensor$|bit16|fp16|bf16|lp_param"
+_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("optimizer_states", re.compile(r"\.state\[")),
+    ("comm_buffers", re.compile(_COMM, re.I)),
+    ("gradients", re.compile(r"grad", re.I)),
+    ("optimizer_states", re.compile(r"fp32", re.I)),
+    ("parameters", re.compile(_PARAMS, re.I)),
+)
+# a storage reached under several names takes the first of these that any name gave it
+_PRIORITY = ("comm_buffers", "optimizer_states", "gradients", "parameters", "other")
+_SKIP = {"_z3_optimizer", "timers", "monitor", "mpu", "_config", "config", "tput_timer", "logger"}
+_WALKED_MODULES = ("deepspeed", "torch.optim")
+_MAX_DEPTH = 12
+
+
+def classify(path: str) -> str:
+    """The category of one name a storage was reached under (the first rule that matches)."""
+    for category, pattern in _RULES:
+        if pattern.search(path):
+            return category
+    return "other"
+
+
+@dataclass
+class _Storage:
+    nbytes: int
+    paths: list[str] = field(default_factory=list)  # the first few, for the record
+    categories: set[str] = field(default_factory=set)  # of every name
+
+    @property
+    def category(self) -> str:
+        return next(c for c in _PRIORITY if c in self.categories)
+
+
+class Inventory:
+    """Storages reachable from the roots, keyed by (device, data pointer)."""
+
+    def __init__(self) -> None:
+        self.storages: dict[tuple[str, int], _Storage] = {}
+        self._seen: set[int] = set()
+
+    def add(self, t: torch.Tensor, path: str) -> None:
+        if t.device.type == "meta":
+            return
+        storage = t.untyped_storage()
+        if storage.nbytes() == 0:
+            return
+        key = (str(t.device), storage.data_ptr())
+        entry = self.storages.setdefault(key, _Storage(storage.nbytes()))
+        entry.categories.add(classify(path))
+        if len(entry.paths) < 4:
+            entry.paths.append(path)
+
+    def walk(self, root: Any, path: str) -> None:
+        todo: deque[tuple[Any, str, int]] = deque([(root, path, 0)])
+        while todo:
+            obj, where, depth = todo.popleft()
+            for child, child_path in self._children(obj, where, depth):
+                todo.append((child, child_path, depth + 1))
+
+    def _children(self, obj: Any, where: str, depth: int) -> list[tuple[Any, str]]:
+        if depth > _MAX_DEPTH or obj is None or isinstance(obj, str | bytes | int | float):
+            return []
+        if isinstance(obj, torch.Tensor):
+            self.add(obj, where)
+            if id(obj) in self._seen:
+                return []
+            self._seen.add(id(obj))
+            out = [(v, f"{where}.{k}") for k, v in vars(obj).items() if k not in _SKIP]
+            if obj.is_leaf and obj.grad is not None:
+                out.append((obj.grad, f"{where}.grad"))
+            return out
+        if isinstance(obj, nn.Module):
+            return []  # parameters are walked from the module root, under their names
+        if isinstance(obj, dict):
+            return [(v, f"{where}[{_key(k)}]") for k, v in obj.items()]
+        if isinstance(obj, list | tuple | set | frozenset | deque):
+            return [(v, f"{where}[{i}]") for i, v in enumerate(obj)] + [
+                (v, f"{where}.{k}") for k, v in getattr(obj, "__dict__", {}).items()
+            ]
+        if id(obj) in self._seen or not type(obj).__module__.startswith(_WALKED_MODULES):
+            return []
+        self._seen.add(id(obj))
+        return [
+            (v, f"{where}.{k}") for k, v in getattr(obj, "__dict__", {}).items() if k not in _SKIP
+        ]
+
+    def by_category(self) -> dict[str, int]:
+        totals = dict.fromkeys(CATEGORIES, 0)
+        for entry in self.storages.values():
+            totals[entry.category] += entry.nbytes
+        return totals
+
+    def largest(self, n: int = 12) -> list[dict[str, Any]]:
+        """The largest storages, with their category and the first names they were found under."""
+        entries = sorted(self.storages.values(), key=lambda e: -e.nbytes)[:n]
+        return [{"bytes": e.nbytes, "category": e.category, "paths": e.paths[:3]} for e in entries]
+
+
+def _key(k: Any) -> str:
+    if isinstance(k, torch.Tensor):
+        return f"<tensor {tuple(k.shape)}>"
+    return repr(k)[:60]
+
+
+def engine_inventory(engine: Any) -> Inventory:
+    """Every storage the engine holds right now."""
+    inv = Inventory()
+    for name, param in engine.module.named_parameters():
+        # ZeRO-3: a partitioned parameter's .data is the full tensor only while gathered
+        gathered = hasattr(param, "ds_tensor") and not getattr(param, "ds_persist", False)
+        inv.walk(param, f"gathered<{name}>" if gathered else f"param<{name}>")
+    inv.walk(engine.optimizer, "optimizer")
+    if getattr(engine, "basic_optimizer", None) is not None:
+        inv.walk(engine.basic_optimizer, "basic_optimizer")
+    rest = {k: v for k, v in vars(engine).items() if k not in ("module", "optimizer")}
+    inv.walk(rest, "engine")
+    return inv
+
+
+class SavedTensors:
+    """Bytes of the storages autograd saves for backward while active (parameters excluded)."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        self.storages: dict[tuple[str, int], int] = {}
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+
+    def __enter__(self) -> SavedTensors:
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._hooks.__exit__(*exc)
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        key = (str(t.device), storage.data_ptr())
+        params = {(str(p.device), p.untyped_storage().data_ptr()) for p in self.module.parameters()}
+        if storage.nbytes() and key not in params:
+            self.storages[key] = storage.nbytes()
+        return t
+
+    @staticmethod
+    def _unpack(t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.storages.values())

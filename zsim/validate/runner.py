@@ -1,0 +1,366 @@
+"""Running real DeepSpeed training for each validation case and collecting what was measured.
+
+A case is one ZeRO stage of one model on one cluster. Locally it is one torchrun; on an emulated
+cluster (`emulate.EmulatedCluster`) it is one torchrun per node namespace, joined by a static
+rendezvous on node 0's address. Every process is started tagged (`procs`), so whatever happens
+(a rank raises, runs out of memory, a launcher dies, the case times out, Ctrl-C) the case ends
+with nothing of it left running, and the next case still runs. A case that fails is reported
+with its status and the reason; it never stops the others.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from zsim.errors import positive_int, require
+from zsim.model import ModelSpec
+from zsim.parallel import ParallelConfig, Precision, to_ds_config
+from zsim.validate import procs
+from zsim.validate.emulate import NODE_DEV, EmulatedCluster, LinkEmulation
+
+WORKER = ("-m", "zsim.validate.train_worker")
+# node 0's namespace is this run's own: nothing else listens there
+_EMULATED_PORTS = iter(range(29500, 60000))
+Progress = Callable[[str], None]
+
+
+class Status(StrEnum):
+    OK = "ok"
+    FAILED = "failed"  # a rank raised, or a launcher exited non-zero
+    OOM = "oom"  # a rank ran out of memory
+    TIMEOUT = "timeout"  # the case ran past its time limit and was stopped
+    LAUNCH_ERROR = "launch_error"  # the processes could not be started
+
+
+@dataclass(frozen=True)
+class Case:
+    """One real run: a model, a layout (dp = every rank), a cluster shape, how long to measure."""
+
+    name: str
+    model: ModelSpec
+    parallel: ParallelConfig
+    topology: str  # the cluster the run really ran on (emulated: its scaled name), for predict
+    nodes: int = 1
+    ranks_per_node: int = 2
+    device: str = "cpu"
+    steps: int = 5
+    warmup: int = 2
+    timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        positive_int("nodes", self.nodes)
+        positive_int("ranks_per_node", self.ranks_per_node)
+        positive_int("steps", self.steps)
+        require(self.warmup >= 0, "warmup", self.warmup, "0 or more warm-up steps")
+        require(self.device in ("cpu", "cuda"), "device", self.device, "cpu or cuda")
+        require(
+            self.parallel.world_size == self.world,
+            "dp",
+            self.parallel.dp,
+            f"dp x tp x pp = the {self.world} ranks of {self.nodes} x {self.ranks_per_node}",
+        )
+        require(
+            self.parallel.tp == 1 and self.parallel.pp == 1,
+            "tp/pp",
+            (self.parallel.tp, self.parallel.pp),
+            "1 (validation runs DeepSpeed ZeRO alone: no Megatron TP, no pipeline module)",
+        )
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What the real run gave; the numbers are None unless `status` is OK."""
+
+    case: Case
+    status: Status
+    detail: str = ""
+    step_time_s: float | None = None
+    step_times_s: tuple[float, ...] = ()
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    held_bytes: dict[str, int] | None = None  # engine-held tensors, peak of each category
+    held_peak_total_bytes: int | None = None  # the largest snapshot's total
+    activations_bytes: int | None = None  # saved for backward, one micro-batch
+    peak_rss_bytes: int | None = None  # the largest rank's
+    max_memory_allocated_bytes: int | None = None  # GPU only
+    wall_s: float = 0.0
+    raw: dict[str, Any] | None = None
+
+
+def ds_config(cfg: ParallelConfig) -> dict[str, Any]:
+    """`to_ds_config`, with DeepSpeed's torch Adam (runs on CPU) and its logging quiet."""
+    ds = to_ds_config(cfg)
+    ds["optimizer"] = {"type": "Adam", "params": {"lr": 1e-4, "torch_adam": True}}
+    ds["steps_per_print"] = 1 << 30
+    return ds
+
+
+def worker_input(case: Case, collective_timeout_s: float) -> dict[str, Any]:
+    """What the worker reads: the model's fields, the DeepSpeed config, the schedule."""
+    return {
+        "name": case.name,
+        "model": asdict(case.model),
+        "ds_config": ds_config(case.parallel),
+        "steps": case.steps,
+        "warmup": case.warmup,
+        "device": case.device,
+        "collective_timeout_s": collective_timeout_s,
+    }
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _launcher_argv(
+    case: Case, node: int, master: str, port: int, worker: Sequence[str], files: Sequence[str]
+) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={case.nodes}",
+        f"--node_rank={node}",
+        f"--nproc_per_node={case.ranks_per_node}",
+        f"--master_addr={master}",
+        f"--master_port={port}",
+        "--max_restarts=0",
+        *worker,
+        *files,
+    ]
+
+
+def _env(case: Case, ifname: str, tmp: Path) -> dict[str, str]:
+    threads = max(1, (os.cpu_count() or 1) // case.world)
+    return dict(os.environ) | {
+        "DS_ACCELERATOR": case.device,
+        "OMP_NUM_THREADS": str(threads),
+        "GLOO_SOCKET_IFNAME": ifname,
+        "PYTHONUNBUFFERED": "1",
+        "TMPDIR": str(tmp),
+        "PYTHONWARNINGS": "ignore::FutureWarning",
+    }
+
+
+def run_case(
+    case: Case,
+    out_dir: Path,
+    cluster: EmulatedCluster | None = None,
+    worker: Sequence[str] = WORKER,
+    progress: Progress | None = None,
+) -> Measurement:
+    """Run one case for real; never raises for a failure of the run itself."""
+    require(
+        cluster is not None or case.nodes == 1,
+        "topology",
+        f"{case.nodes} nodes",
+        "one node, or --emulate to emulate several on this machine",
+    )
+    run_dir = out_dir / "runs" / case.name
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    case_file = run_dir / "case.json"
+    case_file.write_text(json.dumps(worker_input(case, case.timeout_s), indent=1))
+    tag = procs.new_tag("run")
+    started: list[subprocess.Popen[bytes]] = []
+    begin = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="zsim-validate-") as tmp:
+        env = _env(case, "lo" if cluster is None else NODE_DEV, Path(tmp))
+        port = free_port() if cluster is None else next(_EMULATED_PORTS)
+        master = "127.0.0.1" if cluster is None else cluster.address(0)
+        files = [str(case_file), str(run_dir)]
+        try:
+            for node in range(case.nodes):
+                argv = _launcher_argv(case, node, master, port, worker, files)
+                with (run_dir / f"node{node}.log").open("wb") as log:
+                    out = {"stdout": log, "stderr": subprocess.STDOUT}
+                    if cluster is None:
+                        started.append(procs.spawn(argv, tag, env, **out))
+                    else:
+                        started.append(cluster.popen(node, argv, env, tag=tag, **out))
+            status, detail = _wait(started, case.timeout_s, progress, case.name)
+        except OSError as exc:
+            status, detail = Status.LAUNCH_ERROR, f"{type(exc).__name__}: {exc}"
+        finally:
+            procs.stop(started, tag)
+    return _collect(case, run_dir, status, detail, time.monotonic() - begin)
+
+
+def _wait(
+    started: Sequence[subprocess.Popen[bytes]],
+    timeout_s: float,
+    progress: Progress | None,
+    name: str,
+) -> tuple[Status, str]:
+    """Until every launcher exits 0 (OK), one fails (FAILED), or time runs out (TIMEOUT)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        codes = [procs.exit_code(p) for p in started]
+        failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+        if failed:
+            node, code = failed[0]
+            return Status.FAILED, f"launcher on node {node} exited with {code}"
+        if all(c == 0 for c in codes):
+            return Status.OK, ""
+        if time.monotonic() > deadline:
+            return Status.TIMEOUT, f"stopped after {timeout_s:.0f} s"
+        if progress is not None:
+            progress(name)
+        time.sleep(0.2)
+
+
+def _collect(case: Case, run_dir: Path, status: Status, detail: str, wall_s: float) -> Measurement:
+    """The result rank 0 wrote, or the reason there is none."""
+    ranks = _rank_records(run_dir)
+    errors = [r for r in ranks if not r.get("ok", False)]
+    if errors:
+        first = min(errors, key=lambda r: int(r.get("rank", 0)))
+        oom = any(r.get("oom") for r in errors)
+        status = Status.OOM if oom else (status if status is not Status.OK else Status.FAILED)
+        detail = f"rank {first.get('rank')}: {first.get('error', '?')}".splitlines()[0][:300]
+    result_file = run_dir / "result.json"
+    if status is Status.OK and not result_file.exists():
+        status, detail = Status.FAILED, "no result.json from rank 0"
+    if status is not Status.OK:
+        if not detail or detail.startswith("launcher"):
+            detail = (detail + "; " if detail else "") + _log_tail(run_dir)
+        return Measurement(case, status, detail, wall_s=wall_s)
+    raw = json.loads(result_file.read_text())
+    held = raw["memory_rank0"]["held"]
+    return Measurement(
+        case,
+        Status.OK,
+        step_time_s=float(raw["step_time_s"]),
+        step_times_s=tuple(raw["step_times_s"]),
+        samples_per_s=float(raw["samples_per_s"]),
+        tokens_per_s=float(raw["tokens_per_s"]),
+        held_bytes={k: int(v) for k, v in held["category_max"].items()},
+        held_peak_total_bytes=int(sum(held["at_peak"].values())),
+        activations_bytes=int(raw["memory_rank0"]["activations_bytes"]),
+        peak_rss_bytes=max(raw["peak_rss_bytes"]),
+        max_memory_allocated_bytes=_max_or_none(raw["max_memory_allocated_bytes"]),
+        wall_s=wall_s,
+        raw=raw,
+    )
+
+
+def _max_or_none(values: Sequence[int | None]) -> int | None:
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
+
+
+def _rank_records(run_dir: Path) -> list[dict[str, Any]]:
+    records = []
+    for path in sorted(run_dir.glob("rank*.json")):
+        try:
+            records.append(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue
+    return records
+
+
+def _log_tail(run_dir: Path, lines: int = 3) -> str:
+    """The last lines of the launchers' logs that say something (errors first)."""
+    text = []
+    for log in sorted(run_dir.glob("node*.log")):
+        text += log.read_text(errors="replace").splitlines()
+    errors = [t for t in text if "Error" in t or "error" in t]
+    chosen = (errors or text)[-lines:]
+    return " | ".join(t.strip()[:200] for t in chosen) or "no output"
+
+
+def default_precision(device: str) -> Precision:
+    """fp32 on CPU (DeepSpeed's fused 16-bit paths are GPU kernels), fp16 on GPU."""
+    return Precision.FP32 if device == "cpu" else Precision.FP16
+
+
+@dataclass(frozen=True)
+class EmulationPlan:
+    """The cluster to emulate: the topology's inter-node rate times `scale` is applied."""
+
+    nodes: int
+    ranks_per_node: int
+    topology_rate_bps: float
+    scale: float
+    latency_s: float = 0.0
+
+    @property
+    def rate_bps(self) -> float:
+        return self.topology_rate_bps * self.scale
+
+
+def run_all(
+    cases: Sequence[Case],
+    out_dir: Path,
+    emulation: EmulationPlan | None = None,
+    worker: Sequence[str] = WORKER,
+    progress: Callable[[str, Measurement | None], None] | None = None,
+) -> tuple[list[Measurement], LinkEmulation | None]:
+    """Every case in turn (one emulated cluster for all of them); the link as applied and
+    measured."""
+    with procs.terminate_raises():
+        return _run_all(cases, out_dir, emulation, worker, progress)
+
+
+def _run_all(
+    cases: Sequence[Case],
+    out_dir: Path,
+    emulation: EmulationPlan | None,
+    worker: Sequence[str],
+    progress: Callable[[str, Measurement | None], None] | None,
+) -> tuple[list[Measurement], LinkEmulation | None]:
+    if emulation is None:
+        return [_one(c, out_dir, None, worker, progress) for c in cases], None
+    with EmulatedCluster(
+        nodes=emulation.nodes,
+        ranks_per_node=emulation.ranks_per_node,
+        rate_bps=emulation.topology_rate_bps,
+        scale=emulation.scale,
+        latency_s=emulation.latency_s,
+    ) as cluster:
+        if progress is not None:
+            progress("measuring the emulated link", None)
+        if emulation.nodes > 1:
+            cluster.measure_rate_bps(0, 1, nbytes=_probe_bytes(cluster.applied_rate_bps))
+        measured = [_one(c, out_dir, cluster, worker, progress) for c in cases]
+        return measured, cluster.emulation
+
+
+def _probe_bytes(rate_bps: float) -> int:
+    """About two seconds of traffic, at least 2 MB."""
+    return int(max(2e6, min(2 * rate_bps, 200e6)))
+
+
+def _one(
+    case: Case,
+    out_dir: Path,
+    cluster: EmulatedCluster | None,
+    worker: Sequence[str],
+    progress: Callable[[str, Measurement | None], None] | None,
+) -> Measurement:
+    def tick(name: str) -> None:
+        if progress is not None:
+            progress(name, None)
+
+    measurement = run_case(case, out_dir, cluster, worker, tick)
+    if progress is not None:
+        progress(case.name, measurement)
+    return measurement

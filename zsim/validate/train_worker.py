@@ -1,0 +1,206 @@
+"""One rank of a real DeepSpeed training run, measured (run under torchrun by the runner).
+
+    python -m torch.distributed.run --nproc_per_node N -m zsim.validate.train_worker CASE OUT
+
+CASE is the JSON the runner writes (`runner.worker_input`): the model's fields, the DeepSpeed
+config, steps, warm-up steps, device. Each rank writes OUT/rank<r>.json; rank 0 also writes
+OUT/result.json with what all ranks measured:
+
+- step time: a barrier, then the wall time of one optimizer step (grad_accum micro-batches,
+  forward, backward, engine.step; synchronised on GPU) on each rank; a step takes as long as its
+  slowest rank; the result is the median over the steps after the warm-up.
+- memory, on one more step that is not timed: GPU `max_memory_allocated`; the tensors the
+  engine holds by category at several points of the step (`held.engine_inventory`), the peak of
+  each; the activations autograd saved for backward of one micro-batch; peak RSS.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import deepspeed  # the runner sets DS_ACCELERATOR (cpu or cuda) before this is imported
+import torch
+from deepspeed import comm as dist
+
+from zsim import torchmodels
+from zsim.model import ModelKind, ModelSpec
+from zsim.validate.held import CATEGORIES, SavedTensors, engine_inventory
+
+
+def model_from(fields: dict[str, Any]) -> ModelSpec:
+    return ModelSpec(**(fields | {"kind": ModelKind(fields["kind"])}))
+
+
+class MemoryProbe:
+    """Snapshots of the engine's tensors at the points where its holdings peak."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.active = False
+        self.snapshots: dict[str, dict[str, int]] = {}
+        self.largest: dict[str, list[dict[str, Any]]] = {}
+        self._wrap_epilogue()
+        if getattr(engine, "basic_optimizer", None) is not None:
+            engine.basic_optimizer.register_step_pre_hook(lambda *_: self.snap("optimizer_pre"))
+            engine.basic_optimizer.register_step_post_hook(lambda *_: self.snap("optimizer_post"))
+
+    def _wrap_epilogue(self) -> None:
+        """ZeRO's end of backward: the last reduce bucket is still full here."""
+        opt = self.engine.optimizer
+        original = getattr(opt, "independent_gradient_partition_epilogue", None)
+        if original is None:
+            return
+
+        def epilogue(*args: Any, **kwargs: Any) -> Any:
+            self.snap("backward_end")
+            return original(*args, **kwargs)
+
+        opt.independent_gradient_partition_epilogue = epilogue
+
+    def snap(self, label: str) -> None:
+        if not self.active:
+            return
+        inv = engine_inventory(self.engine)
+        self.snapshots[label] = inv.by_category()
+        self.largest[label] = inv.largest()
+
+    def peak(self) -> dict[str, Any]:
+        totals = {k: sum(v.values()) for k, v in self.snapshots.items()}
+        at = max(totals, key=lambda k: totals[k])
+        return {
+            "peak_at": at,
+            "at_peak": self.snapshots[at],
+            "category_max": {c: max(s[c] for s in self.snapshots.values()) for c in CATEGORIES},
+            "snapshots": self.snapshots,
+            "largest_at_peak": self.largest[at],
+        }
+
+
+def train(case: dict[str, Any]) -> dict[str, Any]:
+    spec = model_from(case["model"])
+    ds_config = case["ds_config"]
+    device = case["device"]
+    torch.manual_seed(case.get("seed", 1234))
+    model = torchmodels.build(spec)
+    engine, *_ = deepspeed.initialize(
+        model=model, model_parameters=model.parameters(), config=ds_config
+    )
+    dtype = next(engine.module.parameters()).dtype
+    where = engine.device
+    micro = int(ds_config["train_micro_batch_size_per_gpu"])
+    accum = int(ds_config["gradient_accumulation_steps"])
+    x, y = torchmodels.batch(spec, micro, dtype=dtype, device=where)
+    probe = MemoryProbe(engine)
+
+    def step(saved: SavedTensors | None = None) -> None:
+        for micro_step in range(accum):
+            if saved is not None and micro_step == 0:
+                with saved:
+                    loss = engine(x, y)
+                    probe.snap("forward_end")
+            else:
+                loss = engine(x, y)
+            engine.backward(loss)
+            engine.step()
+        probe.snap("step_end")
+
+    times = []
+    for _ in range(case["warmup"] + case["steps"]):
+        dist.barrier()
+        start = time.perf_counter()
+        step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    probe.active = True
+    saved = SavedTensors(engine.module)
+    step(saved)
+    probe.active = False
+    return {
+        "step_times_s": times[case["warmup"] :],
+        "warmup_times_s": times[: case["warmup"]],
+        "held": probe.peak(),
+        "activations_bytes": saved.total_bytes,
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "max_memory_allocated_bytes": (
+            torch.cuda.max_memory_allocated() if device == "cuda" else None
+        ),
+        "engine": {
+            "optimizer": type(engine.optimizer).__name__,
+            "basic_optimizer": type(engine.basic_optimizer).__name__
+            if engine.basic_optimizer is not None
+            else None,
+            "dtype": str(dtype).removeprefix("torch."),
+        },
+    }
+
+
+def aggregate(case: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """A step takes as long as its slowest rank; the median over the timed steps."""
+    spec = model_from(case["model"])
+    ds = case["ds_config"]
+    per_step = [max(r["step_times_s"][i] for r in ranks) for i in range(case["steps"])]
+    step_s = statistics.median(per_step)
+    samples = int(ds["train_batch_size"])
+    return {
+        "ok": True,
+        "world": len(ranks),
+        "step_time_s": step_s,
+        "step_times_s": per_step,
+        "samples_per_s": samples / step_s,
+        "tokens_per_s": samples * spec.seq_len / step_s,
+        "memory_rank0": {k: ranks[0][k] for k in ("held", "activations_bytes")},
+        "peak_rss_bytes": [r["peak_rss_bytes"] for r in ranks],
+        "max_memory_allocated_bytes": [r["max_memory_allocated_bytes"] for r in ranks],
+        "engine": ranks[0]["engine"],
+        "versions": {"torch": torch.__version__, "deepspeed": deepspeed.__version__},
+        "threads": torch.get_num_threads(),
+    }
+
+
+def main(argv: list[str]) -> int:
+    case = json.loads(Path(argv[0]).read_text())
+    out = Path(argv[1])
+    backend = "nccl" if case["device"] == "cuda" else "gloo"
+    deepspeed.init_distributed(
+        dist_backend=backend, timeout=timedelta(seconds=case["collective_timeout_s"])
+    )
+    rank = dist.get_rank()
+    if case["device"] == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    record: dict[str, Any] = {"rank": rank, "ok": False}
+    try:
+        record |= train(case) | {"ok": True}
+    except BaseException as exc:
+        oom = isinstance(exc, MemoryError | torch.OutOfMemoryError)
+        record |= {
+            "error": f"{type(exc).__name__}: {exc}"[:2000],
+            "oom": oom or "out of memory" in str(exc).lower(),
+            "traceback": traceback.format_exc()[-4000:],
+        }
+        raise
+    finally:
+        (out / f"rank{rank}.json").write_text(json.dumps(record, indent=1))
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, record)
+    if rank == 0:
+        result = aggregate(case, gathered)
+        (out / "result.json").write_text(json.dumps(result, indent=1))
+    dist.barrier()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
