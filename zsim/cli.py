@@ -143,10 +143,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="zsim", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     from zsim.calibrate import cli as calibrate_cli
+
     calibrate_cli.add_commands(sub)
     from zsim import cli_network
 
     cli_network.add_commands(sub)
+    from zsim.validate import cli as validate_cli
+
+    validate_cli.add_commands(sub)
 
     mem = sub.add_parser("memory", help="memory ledger per GPU for ZeRO stages 0-3")
     _add_model_flags(mem)
