@@ -233,3 +233,76 @@ def test_plan_survives_json():
     # the model's own GEMMs, forward and backward, are in the sweep
     assert (128, 2304, 768, 1) in plan.gemm_shapes
     assert (768, 2304, 128, 1) in plan.gemm_shapes  # the qkv weight gradient
+
+
+# ---- collectives: the link fit through zsim's own collective model -----------------------
+
+CALL_S, LINK_LATENCY_S, LINK_BPS = 120e-6, 15e-6, 1.5e9
+
+
+def gloo_two_ranks_s(op, size):
+    """gloo's algorithms for n = 2 ranks (notes/collectives_algorithms.md section 1, without the
+    local copies), on the CPU topology where a message crosses two loopback links (rank ->
+    host -> rank): alpha = 2 x link latency; each rank's link carries one flow at B."""
+    n, alpha = 2, 2 * LINK_LATENCY_S
+    if op in ("all_reduce", "reduce_scatter_tensor"):
+        segments = -(-max(-(-size // 2**20), 2 * n) // n) * n  # roundUp(max(S/1MiB, 2n), n)
+        k = segments // n
+        return CALL_S + 2 * (n - 1) * k * alpha + 2 * (n - 1) / n * size / LINK_BPS
+    if op == "all_gather_into_tensor":
+        return CALL_S + 2 * (n - 1) * alpha + (n - 1) / n * size / LINK_BPS
+    return CALL_S + alpha + size / LINK_BPS  # broadcast (log2 2 = 1 round), send/recv
+
+
+def collective_rows(noise=0.0, seed=0):
+    rng = np.random.default_rng(seed)
+    rows = []
+    for op in (
+        "all_gather_into_tensor",
+        "reduce_scatter_tensor",
+        "all_reduce",
+        "broadcast",
+        "sendrecv",
+    ):
+        for size in (8, 1024, 65536, 2**20, 16 * 2**20, 256 * 2**20):
+            t = gloo_two_ranks_s(op, size)
+            samples = tuple(float(t * (1 + noise * rng.standard_normal())) for _ in range(9))
+            rows.append(
+                Measurement(
+                    Kind.COLLECTIVE,
+                    op,
+                    "fp32",
+                    samples,
+                    size_bytes=size,
+                    group="intra",
+                    ranks=2,
+                    link_class="loopback",
+                )
+            )
+    return tuple(rows)
+
+
+def test_fit_recovers_link_parameters_exactly():
+    pytest.importorskip("simpy")
+    info = {**INFO, "topology": "1x2-cpu"}
+    fit = fit_profile("synthetic", synthetic_rows() + collective_rows(), info)
+    link = fit.profile.links["loopback"]
+    assert fit.profile.call_latency_s == pytest.approx(CALL_S, rel=1e-6)
+    assert link.latency_s == pytest.approx(LINK_LATENCY_S, rel=1e-6)
+    assert link.bandwidth_bytes_per_s == pytest.approx(LINK_BPS, rel=1e-6)
+    coll = [r for r in fit.residuals if r.kind == "collective"]
+    assert len(coll) == 5
+    assert all(r.worst_rel_err < 1e-6 for r in coll)
+
+
+def test_fit_recovers_link_parameters_through_noise(tmp_path):
+    info = {**INFO, "topology": "1x2-cpu"}
+    rows = synthetic_rows() + collective_rows(noise=0.05, seed=3)
+    fit = fit_profile("synthetic", rows, info)
+    link = fit.profile.links["loopback"]
+    assert fit.profile.call_latency_s == pytest.approx(CALL_S, rel=0.1)
+    assert link.latency_s == pytest.approx(LINK_LATENCY_S, rel=0.2)
+    assert link.bandwidth_bytes_per_s == pytest.approx(LINK_BPS, rel=0.05)
+    cal = Calibration("synthetic", fit.profile, rows, fit.residuals, provenance=info)
+    save_profile(cal, tmp_path / "p.json")
+    assert load_profile(tmp_path / "p.json") == fit.profile  # links and call latency kept

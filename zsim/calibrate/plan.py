@@ -281,11 +281,11 @@ def default_plan(
         micro_batches=micro_batches,
         flash_attention=flash_attention,
         gemm_shapes=tuple(sorted(gemms, key=lambda s: (2 * s[0] * s[1] * s[2] * s[3], s))),
-        memory_sizes_bytes=(1024, 4096, mib, 64 * mib)
+        memory_sizes_bytes=(1024, 4096, 16 * mib)
         if quick
         else (1024, 4096, *powers(64 * 1024, 256 * mib)),
-        host_copy_sizes_bytes=(64 * mib,) if quick else (64 * mib, 128 * mib, 256 * mib),
-        adam_params=(2**22,) if quick else (2**22, 2**23, 2**24, 2**25),
+        host_copy_sizes_bytes=(16 * mib,) if quick else (64 * mib, 128 * mib, 256 * mib),
+        adam_params=(2**20,) if quick else (2**22, 2**23, 2**24, 2**25),
         # 8 B: the gradient-norm all_reduce DeepSpeed issues every step
         collective_sizes_bytes=(8, 1024, 64 * 1024, 4 * mib)
         if quick

@@ -151,6 +151,7 @@ def save_fit_png(cal: Calibration, fit: Fit, path: Path) -> Path:
 
         _panel(ax, sel, lambda r: r.size_bytes, busbw, coll, f"n={sel[0].ranks}", colors[0])
         _style(ax, f"{op} ({group}, {sel[0].link_class or '?'})", "size S (bytes)", "busbw GB/s")
+        ax.set_yscale("log")
     for j in range(len(colls), (nrows - 1) * ncols):
         axes[1 + j // ncols][j % ncols].set_visible(False)
     fig.suptitle(f"zsim calibration {cal.name}: measured (median, IQR) vs fitted model")

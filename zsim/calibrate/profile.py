@@ -62,6 +62,7 @@ def profile_to_dict(p: DeviceProfile) -> dict[str, Any]:
         "host_adam_params_per_s": p.host_adam_params_per_s,
         "layer_times": {k: vars(v).copy() for k, v in sorted(p.layer_times.items())},
         "links": {k: vars(v).copy() for k, v in sorted(p.links.items())},
+        "call_latency_s": p.call_latency_s,
         "backend": p.backend,
         "notes": list(p.notes),
     }
@@ -148,6 +149,9 @@ def profile_from_dict(d: Any, where: str = "profile.device") -> DeviceProfile:
         notes,
         "a list of strings",
     )
+    call_latency = data.get("call_latency_s")
+    if call_latency is not None:
+        call_latency = _number(f"{where}.call_latency_s", call_latency, allow_zero=True)
     backend = data.get("backend", "nccl")
     require(backend in ("nccl", "gloo"), f"{where}.backend", backend, "nccl or gloo")
     return DeviceProfile(
@@ -170,6 +174,7 @@ def profile_from_dict(d: Any, where: str = "profile.device") -> DeviceProfile:
         ),
         layer_times=layers,
         links=links,
+        call_latency_s=call_latency,
         backend=backend,
         notes=tuple(notes),
     )
