@@ -57,6 +57,10 @@ NCCL_CHAIN_CHUNK_BYTES = 512 * 1024
 """NCCL's pipeline unit for broadcast and reduce: the 4 MiB Simple buffer over NCCL_STEPS = 8
 slots with CHUNKSTEPS = 1 (src/init.cc, src/include/device.h, src/device/broadcast.h)."""
 
+NCCL_TREE_BANDWIDTH_FACTOR = 0.92
+"""NCCL's tuner rates a tree at 0.92 of the bus bandwidth (src/graph/tuning.cc, v2.30); used
+only to choose like NCCL does, not in the tree's own simulation."""
+
 GLOO_MAX_SEGMENT_BYTES = 1024 * 1024
 """gloo's kMaxSegmentSize (gloo/allreduce.h, gloo/reduce.h)."""
 
@@ -423,7 +427,8 @@ def plan(topo: Topology, call: CollectiveCall) -> Plan:
 
 def _nccl_prefers_tree(topo: Topology, call: CollectiveCall) -> bool:
     """NCCL's auto choice for multi-node all_reduce, by its tuner's model (tuning.cc): the
-    tree moves data at half the ring's bus bandwidth but pays ~log2(nodes) latencies."""
+    tree moves 2 S at 0.92 of the ring's bus bandwidth but pays ~log2(nodes) latencies,
+    the ring 2(n-1)/n S and 2(n-1) steps."""
     multi_node = len({topo.node_of(g) for g in call.group}) > 1
     if call.algorithm is not Algorithm.AUTO or call.op is not CollectiveOp.ALL_REDUCE:
         return False
@@ -435,7 +440,7 @@ def _nccl_prefers_tree(topo: Topology, call: CollectiveCall) -> bool:
     n = len(call.group)
     ring_s = ring_closed_form_s(call.op, n, call.nbytes, _ring_latency(topo, rings), bus)
     latency = max(_tree_latency(topo, c, p) for c, p in _tree_channels(topo, call.group))
-    return tree_closed_form_s(call.nbytes, latency, bus) < ring_s
+    return tree_closed_form_s(call.nbytes, latency, bus * NCCL_TREE_BANDWIDTH_FACTOR) < ring_s
 
 
 def estimate_s(topo: Topology, call: CollectiveCall) -> float:

@@ -72,10 +72,8 @@ class Topology:
     bandwidth_bytes_per_s: FloatArray  # per edge index
     latency_s: FloatArray  # per edge index
     call_latency_s: float
-    _node_edges: int = field(repr=False)
-    _node_routes: dict[tuple[str, str], tuple[list[int], float]] = field(
-        default_factory=dict, repr=False
-    )
+    _template: nx.DiGraph = field(repr=False)  # node 0, local names, edges carry `index`
+    _node_routes: dict[str, dict[str, list[int]]] = field(default_factory=dict, repr=False)
     _routes: dict[tuple[int, int], Route] = field(default_factory=dict, repr=False)
 
     @property
@@ -138,14 +136,13 @@ class Topology:
         return Route(array, float(self.latency_s[array].sum()))
 
     def _in_node(self, node: int, src: str, dst: str) -> list[int]:
-        key = (src, dst)
-        if key not in self._node_routes:
-            self._node_routes[key] = _template_route(self, src, dst)
-        offset = node * self._node_edges
-        return [offset + e for e in self._node_routes[key][0]]
+        if src not in self._node_routes:
+            self._node_routes[src] = _template_routes(self, src)
+        offset = node * self._template.number_of_edges()
+        return [offset + e for e in self._node_routes[src][dst]]
 
     def _across(self, node_a: int, nic_a: int, node_b: int, nic_b: int) -> list[int]:
-        base = self.nodes * self._node_edges
+        base = self.nodes * self._template.number_of_edges()
         nics = self.fabric.nics_per_node
         up = base + 2 * (node_a * nics + nic_a)
         down = base + 2 * (node_b * nics + nic_b) + 1
@@ -212,7 +209,7 @@ def build_topology(name: str, fabric: FabricSpec, nodes: int, gpus_per_node: int
         bandwidth_bytes_per_s=bandwidth,
         latency_s=latency,
         call_latency_s=fabric.call_latency_s,
-        _node_edges=len(template),
+        _template=_template_graph(template),
     )
 
 
@@ -298,14 +295,26 @@ def _label_vertices(graph: nx.DiGraph) -> None:
         graph.nodes[vertex]["kind"] = {"pcie": "pcie_switch"}.get(kind, kind)
 
 
-def _template_route(topo: Topology, src: str, dst: str) -> tuple[list[int], float]:
-    """Least-latency path between two vertices of node 0 (hop count breaks ties)."""
-    local = topo.graph.subgraph(v for v in topo.graph.nodes if v.startswith("n0."))
-    path = nx.shortest_path(
-        local, f"n0.{src}", f"n0.{dst}", weight=lambda _u, _v, d: d["latency_s"] + 1e-12
-    )
-    links = [int(topo.graph.edges[u, v]["index"]) for u, v in pairwise(path)]
-    return links, float(sum(topo.latency_s[e] for e in links))
+def _template_graph(template: list[_Edge]) -> nx.DiGraph:
+    graph = nx.DiGraph()
+    for index, e in enumerate(template):
+        graph.add_edge(e.u, e.v, index=index)
+    return graph
+
+
+def _template_routes(topo: Topology, src: str) -> dict[str, list[int]]:
+    """Least-latency paths from one vertex of node 0 to all others (hop count breaks ties),
+    as template edge indices; one Dijkstra per source."""
+    latency = topo.latency_s
+
+    def weight(_u: str, _v: str, data: dict[str, Any]) -> float:
+        return float(latency[data["index"]]) + 1e-12
+
+    paths = nx.single_source_dijkstra_path(topo._template, src, weight=weight)
+    return {
+        dst: [int(topo._template.edges[u, v]["index"]) for u, v in pairwise(path)]
+        for dst, path in paths.items()
+    }
 
 
 # ---- calibrated overrides ---------------------------------------------------------------
@@ -400,10 +409,12 @@ class RankGrid:
         return (dp_i * self.pp + pp_i) * self.tp + tp_i
 
     def groups(self, kind: GroupKind) -> tuple[tuple[int, ...], ...]:
-        """Every group of one kind, as rank tuples (the rank of each member in group order)."""
+        """Every group of one kind as rank tuples (members in group-rank order), ordered by
+        their first rank."""
         if kind is GroupKind.WORLD:
             return (tuple(range(self.world_size)),)
-        return tuple(tuple(self._members(kind, a, b)) for a, b in self._others(kind))
+        groups = (tuple(self._members(kind, a, b)) for a, b in self._others(kind))
+        return tuple(sorted(groups))
 
     def _others(self, kind: GroupKind) -> Iterator[tuple[int, int]]:
         sizes = {GroupKind.TP: (self.dp, self.pp), GroupKind.DP: (self.pp, self.tp)}

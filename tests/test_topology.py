@@ -1,0 +1,195 @@
+"""Topology presets, the NxG-fabric grammar, routes, overrides and rank grids.
+
+Expected bandwidths come from the spec sheets cited in the preset files (DGX A100: 600 GB/s
+bidirectional NVLink per GPU and 200 Gb/s HDR NICs; DGX H100: 900 GB/s and 400 Gb/s NDR;
+100 GbE; PCIe Gen4 x16 31.5 GB/s), not from the code.
+"""
+
+import pytest
+
+from tests.helpers_network import cluster
+from zsim import presets
+from zsim.errors import InputError
+from zsim.fabric import LinkClass
+from zsim.topology import (
+    GroupKind,
+    RankGrid,
+    RankOrder,
+    process_groups,
+    with_call_latency,
+    with_link_class,
+)
+
+GB = 1e9
+
+
+@pytest.mark.parametrize(
+    ("name", "gpus", "gpu"),
+    [
+        ("2x4-ethernet", 8, "a100-80gb"),
+        ("1x8-nvlink", 8, "a100-80gb"),
+        ("2x4-ib", 8, "a100-80gb"),
+        ("4x8-roce", 32, "h100-sxm"),
+        ("128x8-dgx-a100", 1024, "a100-80gb"),
+        ("2x8-dgx-h100", 16, "h100-sxm"),
+        ("2x2-cpu-1gbit", 4, None),
+        ("3x1-cpu", 3, None),
+    ],
+)
+def test_presets_resolve(name, gpus, gpu):
+    topo = presets.topology(name)
+    assert topo.world_size == gpus
+    assert topo.gpu_model == gpu
+    kinds = [d["kind"] for _, d in topo.graph.nodes(data=True)]
+    assert kinds.count("gpu") == gpus
+
+
+def _edge_bandwidth(topo, u, v):
+    return topo.graph.edges[u, v]["bandwidth_bytes_per_s"]
+
+
+def test_spec_sheet_bandwidths():
+    a100 = presets.topology("2x8-dgx-a100")
+    assert _edge_bandwidth(a100, "n0.gpu3", "n0.nvswitch") == pytest.approx(600 * GB / 2)
+    assert _edge_bandwidth(a100, "n0.nic3", "leaf3") == pytest.approx(200e9 / 8)
+    h100 = presets.topology("2x8-dgx-h100")
+    assert _edge_bandwidth(h100, "n1.gpu0", "n1.nvswitch") == pytest.approx(900 * GB / 2)
+    assert _edge_bandwidth(h100, "n1.nic0", "leaf0") == pytest.approx(400e9 / 8)
+    eth = presets.topology("2x4-ethernet")
+    assert _edge_bandwidth(eth, "n0.nic0", "leaf0") == pytest.approx(100e9 / 8)
+    assert _edge_bandwidth(eth, "n0.gpu0", "n0.pcie0") == pytest.approx(31.5 * GB)
+
+
+def test_rate_suffix_sets_the_inter_node_rate():
+    topo = presets.topology("2x2-cpu-100mbit")
+    assert _edge_bandwidth(topo, "n0.nic0", "leaf0") == pytest.approx(100e6 / 8)
+    assert presets.topology("2x2-cpu").fabric.nic.bandwidth_bytes_per_s == pytest.approx(1e9 / 8)
+
+
+def test_gpus_per_node_is_checked_against_the_fabric():
+    with pytest.raises(InputError, match="gpus_per_node=4"):
+        presets.topology("2x4-dgx-a100")
+
+
+@pytest.mark.parametrize("name", ["3x4-foo", "2x4", "x4-ethernet", "2x4-ethernet-fast"])
+def test_unknown_names(name):
+    with pytest.raises(InputError, match="NxG-FABRIC"):
+        presets.topology(name)
+
+
+def test_rail_optimized_gpu_i_uses_nic_i():
+    topo = presets.topology("4x8-dgx-a100")
+    for local in range(8):
+        src, dst = local, 8 + local
+        vertices = [topo.edges[e][0] for e in topo.route(src, dst).links]
+        assert f"n0.nic{local}" in vertices
+        assert f"n1.nic{local}" in [topo.edges[e][1] for e in topo.route(src, dst).links]
+
+
+def test_inside_a_node_nvlink_is_preferred_over_pcie():
+    topo = presets.topology("1x8-dgx-h100")
+    classes = {topo.link_class[e] for e in topo.route(0, 1).links}
+    assert classes == {LinkClass.NVLINK}
+    pcie_only = presets.topology("1x8-ethernet")
+    assert {pcie_only.link_class[e] for e in pcie_only.route(0, 1).links} == {LinkClass.PCIE}
+
+
+def test_routes_cross_the_spine_only_between_leaves():
+    topo = presets.topology("64x8-dgx-a100")  # 20 nodes per rail leaf: nodes 0-19, 20-39, ...
+    same_leaf = [topo.edges[e] for e in topo.route(0, 19 * 8).links]
+    other_leaf = [topo.edges[e] for e in topo.route(0, 20 * 8).links]
+    assert not any("spine" in edge for edge in same_leaf)
+    assert sum("spine" in edge for edge in other_leaf) == 2
+
+
+def test_route_latency_sums_the_hops():
+    # ethernet preset: PCIe hops 0.5 us (x6 from GPU to NIC and back), NIC <-> leaf 5 us (x2)
+    topo = presets.topology("2x4-ethernet")
+    assert topo.route(0, 4).latency_s == pytest.approx(6 * 0.5e-6 + 2 * 5e-6)
+    assert topo.route(2, 2).latency_s == 0.0
+
+
+def test_with_link_class_overrides_only_that_class():
+    topo = presets.topology("2x4-ethernet")
+    slow = with_link_class(topo, LinkClass.ETHERNET, bandwidth_bytes_per_s=1e9, latency_s=1e-3)
+    assert _edge_bandwidth(slow, "n0.nic0", "leaf0") == 1e9
+    assert slow.route(0, 4).latency_s == pytest.approx(6 * 0.5e-6 + 2 * 1e-3)
+    assert _edge_bandwidth(slow, "n0.gpu0", "n0.pcie0") == pytest.approx(31.5 * GB)
+    assert _edge_bandwidth(topo, "n0.nic0", "leaf0") == pytest.approx(12.5 * GB)  # unchanged
+    assert with_call_latency(topo, 2e-5).call_latency_s == 2e-5
+    with pytest.raises(InputError):
+        with_link_class(topo, LinkClass.PCIE, bandwidth_bytes_per_s=0)
+
+
+# ---- rank grids --------------------------------------------------------------------------
+
+
+def test_deepspeed_order_rank_formula():
+    # DeepSpeed PipeModelDataParallelTopology(axes=['pipe', 'data', 'model']): model fastest
+    grid = RankGrid(dp=2, pp=2, tp=2)
+    assert [grid.rank(d, p, t) for p in (0, 1) for d in (0, 1) for t in (0, 1)] == list(range(8))
+    assert grid.groups(GroupKind.TP) == ((0, 1), (2, 3), (4, 5), (6, 7))
+    assert grid.groups(GroupKind.DP) == ((0, 2), (1, 3), (4, 6), (5, 7))
+    assert grid.groups(GroupKind.PP) == ((0, 4), (1, 5), (2, 6), (3, 7))
+
+
+def test_picotron_order_rank_formula():
+    # picotron: arange(world).view(dp, pp, tp)
+    grid = RankGrid(dp=2, pp=2, tp=2, order=RankOrder.DP_PP_TP)
+    assert grid.rank(1, 0, 1) == (1 * 2 + 0) * 2 + 1
+    assert grid.groups(GroupKind.DP) == ((0, 4), (1, 5), (2, 6), (3, 7))
+    assert grid.groups(GroupKind.PP) == ((0, 2), (1, 3), (4, 6), (5, 7))
+
+
+def test_tp_groups_stay_inside_a_node():
+    topo = presets.topology("4x8-dgx-h100")
+    for group in process_groups(topo, RankGrid(dp=4, pp=1, tp=8), GroupKind.TP):
+        assert len({topo.node_of(g) for g in group}) == 1
+
+
+def test_group_larger_than_the_cluster():
+    topo = presets.topology("2x4-ethernet")
+    with pytest.raises(InputError, match="at most 8 GPUs"):
+        process_groups(topo, RankGrid(dp=16), GroupKind.DP)
+    with pytest.raises(InputError, match="at most 8 GPUs"):
+        topo.check_gpus(list(range(9)))
+
+
+# ---- bad files -----------------------------------------------------------------------------
+
+
+def _fabric(**changes):
+    data = {
+        "gpu": "a100-80gb",
+        "gpus_per_node": [4],
+        "backend": {"name": "nccl"},
+        "pcie": {"bandwidth_GBps": 31.5, "latency_us": 0.5},
+        "nics": {"per_node": 1, "rate_Gbps": 100, "link_class": "ethernet", "attach": "host"},
+        "network": {"leaf_ports": 32},
+    }
+    for key, value in changes.items():
+        section, _, field = key.partition("__")
+        if field:
+            data[section] = {**data[section], field: value}
+        else:
+            data[section] = value
+    return data
+
+
+@pytest.mark.parametrize(
+    ("changes", "needle"),
+    [
+        ({"nics__rate_Gbps": 0}, "nics.rate_Gbps=0"),
+        ({"nics__rate_Gbps": -100}, "nics.rate_Gbps=-100"),
+        ({"pcie__bandwidth_GBps": 0}, "pcie.bandwidth_GBps=0"),
+        ({"pcie__latency_us": -1}, "pcie.latency_us=-1"),
+        ({"nics__link_class": "carrier-pigeon"}, "link_class"),
+        ({"gpu": "a100"}, "gpu='a100'"),
+        ({"network__oversubscription": 0.5}, "oversubscription"),
+        ({"nics__speed": 3}, "nics.speed"),
+        ({"backend__name": "mpi"}, "backend.name"),
+    ],
+)
+def test_bad_fabric_fields(changes, needle):
+    with pytest.raises(InputError, match=needle.replace(".", r"\.")):
+        cluster(_fabric(**changes), 2, 4)
