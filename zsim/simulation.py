@@ -1,0 +1,112 @@
+"""`simulate`: one training step of a scenario on a topology -> a `Report`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import simpy
+
+from zsim.collectives import Communicator
+from zsim.engine import Engine, EngineResult
+from zsim.fabric import Backend
+from zsim.hardware import DeviceProfile
+from zsim.memory import MemoryLedger, peak_ledger
+from zsim.model import ModelSpec
+from zsim.parallel import ParallelConfig, Recompute
+from zsim.schedule import build_program
+from zsim.topology import RankGrid, Topology
+from zsim.trace import RankTimes, rank_times
+
+
+@dataclass(frozen=True)
+class Report:
+    """What a planner reads about one step. Rates are per step; bytes per GPU."""
+
+    step_time_s: float
+    samples_per_s: float
+    tokens_per_s: float
+    model_tflops_per_gpu: float
+    mfu: float
+    hfu: float
+    stages: tuple[RankTimes, ...]  # one per pipeline stage (its first rank)
+    traffic_bytes_per_gpu: dict[str, float]  # by communication category, mean over GPUs
+    memory: MemoryLedger
+    memory_pipeline_stage: int
+    fits: bool
+    engine: EngineResult = field(repr=False)
+
+    @property
+    def compute_s(self) -> float:
+        return max(s.compute_s for s in self.stages)
+
+    @property
+    def exposed_comm_s(self) -> float:
+        return max(s.exposed_comm_s for s in self.stages)
+
+    @property
+    def bubble_s(self) -> float:
+        return max(s.idle_s for s in self.stages)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "step_time_s": self.step_time_s,
+            "samples_per_s": self.samples_per_s,
+            "tokens_per_s": self.tokens_per_s,
+            "model_tflops_per_gpu": self.model_tflops_per_gpu,
+            "mfu": self.mfu,
+            "hfu": self.hfu,
+            "compute_s": self.compute_s,
+            "exposed_comm_s": self.exposed_comm_s,
+            "bubble_s": self.bubble_s,
+            "stages": [s.__dict__ for s in self.stages],
+            "traffic_bytes_per_gpu": self.traffic_bytes_per_gpu,
+            "memory_bytes": self.memory.as_dict(),
+            "memory_pipeline_stage": self.memory_pipeline_stage,
+            "fits": self.fits,
+        }
+
+
+def step_flops(model: ModelSpec, cfg: ParallelConfig) -> tuple[float, float]:
+    """(model FLOPs, hardware FLOPs) of one step over all GPUs: forward + backward (2x), and
+    for hardware FLOPs the recomputed forward too (Narayanan et al. 2021, section 5.1)."""
+    forward = model.forward_flops(cfg.micro_batch) * cfg.grad_accum * cfg.dp
+    replay = forward if cfg.recompute is Recompute.FULL else 0.0
+    return 3 * forward, 3 * forward + replay
+
+
+def simulate(
+    model: ModelSpec,
+    parallel: ParallelConfig,
+    topology: Topology,
+    device: DeviceProfile,
+    *,
+    full: bool = False,
+) -> Report:
+    """Simulate one step. `full` simulates every rank instead of one per pipeline stage."""
+    grid = RankGrid(dp=parallel.dp, pp=parallel.pp, tp=parallel.tp)
+    gloo = topology.fabric.backend is Backend.GLOO
+    programs = [build_program(model, parallel, device, s, gloo) for s in range(parallel.pp)]
+    env = simpy.Environment()
+    comms = Communicator(env, topology)
+    result = Engine(programs, grid, comms, full=full).run()
+    step = result.end_s
+    stages = tuple(rank_times(result.spans, grid.rank(0, s, 0), step) for s in range(parallel.pp))
+    flops, hw_flops = step_flops(model, parallel)
+    peak = device.peak_flops.get(str(parallel.precision), 0.0)
+    gpus = parallel.world_size
+    pipeline_stage, ledger = peak_ledger(model, parallel)
+    return Report(
+        step_time_s=step,
+        samples_per_s=parallel.global_batch / step,
+        tokens_per_s=parallel.global_batch * model.seq_len / step,
+        model_tflops_per_gpu=flops / step / gpus / 1e12,
+        mfu=flops / step / gpus / peak if peak else 0.0,
+        hfu=hw_flops / step / gpus / peak if peak else 0.0,
+        stages=stages,
+        traffic_bytes_per_gpu=dict(result.traffic_bytes),
+        memory=ledger,
+        memory_pipeline_stage=pipeline_stage,
+        fits=ledger.device_total <= device.usable_bytes,
+        engine=result,
+    )
