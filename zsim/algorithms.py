@@ -73,7 +73,7 @@ Built = tuple[list[Phase], float]  # phases and the closed form (without the cal
 def _share(topo: Topology, flows: Sequence[Flow]) -> float:
     """The smallest fair share of any link (capacity / flows crossing it): the rate of the
     slowest flow when all start together (the first level of max-min filling)."""
-    routes = [topo.route(f.src, f.dst).links for f in flows if f.src != f.dst]
+    routes = [r.links for r in topo.routes((f.src, f.dst) for f in flows if f.src != f.dst)]
     if not routes:
         return math.inf
     counts = np.bincount(np.concatenate(routes))
@@ -83,16 +83,16 @@ def _share(topo: Topology, flows: Sequence[Flow]) -> float:
 
 def _alone(topo: Topology, flows: Sequence[Flow]) -> float:
     """The slowest flow's rate if each ran alone (its route's narrowest link)."""
-    routes = [topo.route(f.src, f.dst).links for f in flows if f.src != f.dst]
-    return min((float(topo.bandwidth_bytes_per_s[r].min()) for r in routes), default=math.inf)
+    routes = topo.routes((f.src, f.dst) for f in flows if f.src != f.dst)
+    return min((float(topo.bandwidth_bytes_per_s[r.links].min()) for r in routes), default=math.inf)
 
 
 def _max_latency(topo: Topology, flows: Sequence[Flow]) -> float:
-    return max((topo.route(f.src, f.dst).latency_s for f in flows), default=0.0)
+    return max((r.latency_s for r in topo.routes((f.src, f.dst) for f in flows)), default=0.0)
 
 
 def _path_latency(topo: Topology, path: Sequence[int]) -> float:
-    return sum(topo.route(a, b).latency_s for a, b in pairwise(path))
+    return sum(r.latency_s for r in topo.routes(pairwise(path)))
 
 
 # ---- NCCL rings and chains -----------------------------------------------------------------

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -42,9 +43,9 @@ _TIME_TOL_REL = 1e-9  # flows finishing within this relative time of each other 
 _TIME_TOL_ABS_S = 1e-15
 
 
-@dataclass(frozen=True)
-class Flow:
-    """`nbytes` from GPU `src` to GPU `dst`."""
+class Flow(NamedTuple):
+    """`nbytes` from GPU `src` to GPU `dst`. A NamedTuple, not a dataclass: collectives on
+    a thousand GPUs create tens of thousands of them, and tuples are several times cheaper."""
 
     src: int
     dst: int
@@ -127,20 +128,24 @@ class FlowNetwork:
         """
         require(repeat >= 1, "repeat", repeat, "a positive number of steps")
         event = self.env.event()
+        if not flows:
+            event.succeed()
+            return event
         batch_id = self._next_batch
         self._next_batch += 1
         self._batches[batch_id] = _Batch(len(flows), event)
-        groups: dict[float, list[Flow]] = {}
-        for flow in flows:
-            require(flow.nbytes >= 0, "flow bytes", flow.nbytes, ">= 0")
-            step_s = self.topology.route(flow.src, flow.dst).latency_s
-            groups.setdefault(repeat * (step_s if latency_s is None else latency_s), []).append(
-                flow
-            )
-        if not flows:
-            event.succeed()
-        for delay, group in groups.items():
-            self._after(delay, self._adder(group, repeat, batch_id))
+        routes = self.topology.routes((f.src, f.dst) for f in flows)
+        table = np.array(flows, dtype=np.float64).reshape(-1, 3)  # src, dst, bytes per flow
+        require(bool((table[:, 2] >= 0).all()), "flow bytes", float(table[:, 2].min()), ">= 0")
+        links = [r.links for r in routes]
+        if latency_s is not None:
+            self._after(repeat * latency_s, self._adder(table, links, repeat, batch_id))
+            return event
+        delays, group = np.unique([r.latency_s for r in routes], return_inverse=True)
+        for k, delay in enumerate(delays.tolist()):
+            members = np.flatnonzero(group == k)
+            chosen = [links[i] for i in members.tolist()]
+            self._after(repeat * delay, self._adder(table[members], chosen, repeat, batch_id))
         return event
 
     def bytes_by_link_class(self) -> dict[LinkClass, float]:
@@ -162,20 +167,22 @@ class FlowNetwork:
             return
         self.env.timeout(delay).callbacks.append(lambda _event: action())
 
-    def _adder(self, flows: list[Flow], repeat: int, batch_id: int) -> Callable[[], None]:
-        return lambda: self._add(flows, repeat, batch_id)
+    def _adder(
+        self, table: FloatArray, links: list[IntArray], repeat: int, batch_id: int
+    ) -> Callable[[], None]:
+        return lambda: self._add(table, links, repeat, batch_id)
 
-    def _add(self, flows: list[Flow], repeat: int, batch_id: int) -> None:
+    def _add(self, table: FloatArray, links: list[IntArray], repeat: int, batch_id: int) -> None:
+        """Flows whose latency has passed enter their data phase (at the next settle)."""
         self._advance()
-        moving = []
-        for flow in flows:
-            if flow.src == flow.dst or flow.nbytes == 0:
-                self._finish_batch(batch_id, 1)  # nothing crosses the network
-            else:
-                moving.append(flow)
-        if moving:
-            routes = [self.topology.route(f.src, f.dst).links for f in moving]
-            self._state = self._state.extend(moving, routes, repeat, batch_id)
+        moving = (table[:, 0] != table[:, 1]) & (table[:, 2] > 0)
+        if not moving.all():
+            # local copies and empty messages cross no link: they end now
+            self._finish_batch(batch_id, int((~moving).sum()))
+            links = [route for route, keep in zip(links, moving.tolist(), strict=True) if keep]
+            table = table[moving]
+        if links:
+            self._state = self._state.extend(table, links, repeat, batch_id)
             self._request_settle()
 
     def _finish_batch(self, batch_id: int, count: int) -> None:
@@ -274,21 +281,22 @@ class _ActiveFlows:
         return int(self.src.shape[0])
 
     def extend(
-        self, flows: list[Flow], routes: list[IntArray], repeat: int, batch_id: int
+        self, table: FloatArray, links: list[IntArray], repeat: int, batch_id: int
     ) -> _ActiveFlows:
-        n = len(flows)
-        nbytes = np.array([f.nbytes for f in flows], dtype=np.float64) * repeat
-        lengths = np.array([r.shape[0] for r in routes], dtype=np.int64)
+        """Append flows given as rows (src, dst, bytes) with their routes' links."""
+        n = table.shape[0]
+        nbytes = table[:, 2] * repeat
+        lengths = np.fromiter((r.shape[0] for r in links), dtype=np.int64, count=n)
         new_pair_flow = np.repeat(np.arange(self.size, self.size + n, dtype=np.int64), lengths)
         return _ActiveFlows(
-            np.concatenate([self.src, np.array([f.src for f in flows], dtype=np.int64)]),
-            np.concatenate([self.dst, np.array([f.dst for f in flows], dtype=np.int64)]),
+            np.concatenate([self.src, table[:, 0].astype(np.int64)]),
+            np.concatenate([self.dst, table[:, 1].astype(np.int64)]),
             np.concatenate([self.nbytes, nbytes]),
             np.concatenate([self.remaining, nbytes]),
             np.concatenate([self.rate, np.zeros(n)]),
             np.concatenate([self.batch, np.full(n, batch_id, dtype=np.int64)]),
             np.concatenate([self.pair_flow, new_pair_flow]),
-            np.concatenate([self.pair_link, *routes]),
+            np.concatenate([self.pair_link, *links]),
         )
 
     def without(self, gone: BoolArray) -> _ActiveFlows:

@@ -25,7 +25,7 @@ The two agree when pp = 1.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from itertools import pairwise
@@ -117,6 +117,17 @@ class Topology:
             found = self._build_route(src, dst)
             self._routes[key] = found
         return found
+
+    def routes(self, pairs: Iterable[tuple[int, int]]) -> list[Route]:
+        """`route` for many (src, dst) pairs at once (the hot path of big collectives)."""
+        cache, build = self._routes, self._build_route
+        out = []
+        for pair in pairs:
+            found = cache.get(pair)
+            if found is None:
+                found = cache[pair] = build(*pair)
+            out.append(found)
+        return out
 
     def _build_route(self, src: int, dst: int) -> Route:
         if src == dst:
