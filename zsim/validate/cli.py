@@ -180,6 +180,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         for stage in stages
     ]
     context = {
+        "model_spec": args.model or (DEFAULT_CPU_MODEL if device == "cpu" else DEFAULT_GPU_MODEL),
         "requested_topology": args.topology or simulated,
         "emulated": bool(emulation),
         "profile": str(args.profile) if args.profile else "",
@@ -225,7 +226,7 @@ def _run(
             "measured_link_bps": link.measured_rate_bps,
             "latency_emulation": link.latency_emulation,
         }
-    title = f"{cases[0].model.name} on {context['requested_topology']}"
+    title = f"{context['model_spec']} on {context['requested_topology']}"
     if link is not None:
         title += f" (emulated at {link.rate_bps * 8 / 1e6:.0f} Mbit/s, scale {link.scale:g})"
     table, summary = compare.write_results(rows, context, out, title, link)

@@ -59,7 +59,7 @@ def _bars(ax: Any, rows: Sequence[Compared]) -> None:
 
 def _parity(ax: Any, rows: Sequence[Compared]) -> None:
     points = [
-        (r.measurement.step_time_s, r.prediction, _label(r))
+        (r.measurement.step_time_s, r.prediction, r.case.name)
         for r in rows
         if r.measurement.step_time_s is not None and r.prediction is not None
     ]
