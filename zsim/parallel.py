@@ -71,6 +71,7 @@ class ZeroKnobs:
     overlap_comm: bool | None = None  # None: DeepSpeed's default (True for stage 3 only)
     contiguous_gradients: bool = True
     reduce_scatter: bool = True
+    use_multi_rank_bucket_allreduce: bool = True  # ZeRO-1/2: all-reduce whole buckets
     prefetch_bucket_size: int = 50_000_000
     param_persistence_threshold: int = 100_000
     max_live_parameters: int = 1_000_000_000
@@ -116,6 +117,13 @@ class ParallelConfig:
             "sequence_parallel",
             True,
             "sequence parallelism needs tp > 1",
+        )
+        require(
+            self.pp == 1 or self.zero_stage < ZeroStage.GRADIENTS,
+            "zero_stage",
+            int(self.zero_stage),
+            "0 or 1 with pp > 1 (DeepSpeed: ZeRO-2 and ZeRO-3 are incompatible with pipeline "
+            "parallelism)",
         )
         require(
             self.virtual_stages == 1 or self.pp_schedule is PipelineSchedule.INTERLEAVED,
@@ -179,11 +187,20 @@ _KNOB_KEYS = {
     "overlap_comm": "overlap_comm",
     "contiguous_gradients": "contiguous_gradients",
     "reduce_scatter": "reduce_scatter",
+    "use_multi_rank_bucket_allreduce": "use_multi_rank_bucket_allreduce",
     "stage3_prefetch_bucket_size": "prefetch_bucket_size",
     "stage3_param_persistence_threshold": "param_persistence_threshold",
     "stage3_max_live_parameters": "max_live_parameters",
     "stage3_max_reuse_distance": "max_reuse_distance",
 }
+
+
+_BOOL_KNOBS = (
+    "overlap_comm",
+    "contiguous_gradients",
+    "reduce_scatter",
+    "use_multi_rank_bucket_allreduce",
+)
 
 
 def _no_auto(key: str, value: Any) -> Any:
@@ -259,7 +276,7 @@ def from_ds_config(
         if key in zero
     }
     for name, value in knobs.items():
-        if name not in ("overlap_comm", "contiguous_gradients", "reduce_scatter"):
+        if name not in _BOOL_KNOBS:
             knobs[name] = positive_int(f"zero_optimization.{name}", value)
     fields: dict[str, Any] = {
         "dp": dp,

@@ -30,14 +30,18 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from zsim import zero3
+from zsim.calibrate.keys import ADAM_STEP_BYTES_PER_PARAM, layer_time_key
 from zsim.collective_model import CollectiveOp
-from zsim.hardware import DeviceProfile, layer_key
+from zsim.errors import InputError
+from zsim.hardware import DeviceProfile
 from zsim.memory import stage_layers
-from zsim.model import ComputeOp, Layer, LayerKind, ModelSpec, module_of
+from zsim.model import ComputeOp, Layer, LayerKind, ModelSpec, ParamTensor, module_of
 from zsim.parallel import Offload, ParallelConfig, PipelineSchedule, Recompute, ZeroStage
 
 MEMORY_OPT_ALLREDUCE_SIZE = 500_000_000  # deepspeed/runtime/constants.py, stage-0 buckets
-ADAM_BYTES_PER_PARAM = 28  # fused Adam: reads p32, g, m, v (+16-bit p), writes p32, m, v
+RECOMPUTED = (LayerKind.BLOCK, LayerKind.LINEAR)  # what full recompute checkpoints
+SELECTIVE_OPS = ("attn_scores", "softmax_dropout", "attn_values")  # Korthikanti et al.
 
 
 class Stream(StrEnum):
@@ -81,6 +85,7 @@ class Comm:
     group: Group
     peer: int = 0  # send/recv: +1 to the next virtual stage, -1 to the previous
     tag: str = ""  # matches a send with its receive
+    root: int = 0  # reduce: the owner (index in the group)
 
 
 @dataclass(eq=False)
@@ -133,7 +138,9 @@ def pipeline_order(cfg: ParallelConfig, stage: int) -> list[Work]:
     forwards over virtual micro-batches, model chunk k // p % v (reversed for backward).
     """
     p, m, v = cfg.pp, cfg.grad_accum, cfg.virtual_stages
-    if cfg.pp_schedule is PipelineSchedule.GPIPE or p == 1:
+    if p == 1:  # gradient accumulation: one micro-batch after the other
+        return [Work(f, i, 0) for i in range(m) for f in (True, False)]
+    if cfg.pp_schedule is PipelineSchedule.GPIPE:
         return [Work(True, i, 0) for i in range(m)] + [Work(False, i, 0) for i in range(m)]
     total = m * v
 
@@ -176,9 +183,13 @@ class _Builder:
         self.gloo = gloo
         self.bucket = _Bucket()
         self.last_reduce: Task | None = None
-        self.queue: list[tuple[str, str, int]] = []  # ZeRO-3 modules to fetch this pass
-        self.issued: dict[tuple[str, str], Task] = {}
-        self.queue_index: dict[tuple[str, str], int] = {}
+        self.reduced_in_hooks = False
+        # ZeRO-3: the gathers DeepSpeed issues at each trace position, and those in flight
+        self.z3_gathers: dict[int, list[zero3.Gather]] = {}
+        self.z3_inflight: dict[tuple[str, str], Task] = {}
+        self.z3_blocking: list[Task] = []
+        self.z3_pos = 0
+        self.z3_current: tuple[str, str] | None = None
 
     # -- primitives --
 
@@ -209,8 +220,9 @@ class _Builder:
 
     def measured_scale(self, layer: Layer, forward: bool, ops: Sequence[ComputeOp]) -> float:
         """Calibrated layer times replace the roofline: scale each segment by measured/modelled."""
-        key = layer_key(
-            self.model.name, str(layer.kind), self.cfg.micro_batch, self.cfg.tp, self.dtype
+        c = self.cfg
+        key = layer_time_key(
+            self.model, layer.kind, c.micro_batch, self.dtype, c.tp, c.flash_attention
         )
         measured = self.device.layer_time(key)
         modelled = self.op_seconds(ops)
@@ -270,178 +282,201 @@ class _Builder:
         deps: list[Task],
         tag: str,
     ) -> Task:
-        """Compute segments split at TP communication points and ZeRO-3 gathers."""
+        """Compute segments, split at TP communication points and ZeRO-3 gathers."""
         scale = self.measured_scale(layer, forward, ops)
         points = self.tp_points(forward)
         segment: list[ComputeOp] = []
-        pending_tp: list[Task] = []
         last = deps
+        overlapped: Task | None = None  # a TP all-reduce running beside the next wgrad
 
         def flush() -> None:
-            nonlocal last, segment, pending_tp
+            nonlocal last, segment
             if segment:
-                name = f"{tag}.{segment[0].name}"
-                last = [
-                    self.compute(
-                        name, scale * self.op_seconds(segment), category, last + pending_tp
-                    )
-                ]
-                segment, pending_tp = [], []
+                seconds = scale * self.op_seconds(segment)
+                last = [self.compute(f"{tag}.{segment[0].name}", seconds, category, last)]
+                segment = []
 
         for op in ops:
-            gather = self.zero3_fetch(layer, op, last, tag) if op.modules else []
-            if gather:
+            gathers = self.zero3_use(layer, op, last, tag)
+            if gathers:
                 flush()
-                last = last + gather
+                last = last + gathers
             segment.append(op)
+            if overlapped is not None and op.name.endswith("_wgrad"):
+                flush()  # Megatron overlaps the input-gradient all-reduce with the wgrad GEMM
+                last, overlapped = [*last, overlapped], None
             if op.name in points:
                 flush()
                 comm = Comm(points[op.name], self.tp_bytes(), Group.TP)
-                overlapped = not forward and op.name.endswith("_dgrad")
-                task = self.comm(
-                    f"{tag}.tp_{points[op.name]}",
-                    comm,
-                    Category.TP_COMM,
-                    last,
-                    Stream.TP if overlapped else Stream.COMPUTE,
-                )
-                if overlapped:
-                    pending_tp.append(task)  # Megatron overlaps it with the wgrad GEMM
+                if not forward and op.name.endswith("_dgrad"):
+                    overlapped = self.comm(
+                        f"{tag}.tp_{comm.op}", comm, Category.TP_COMM, last, Stream.TP
+                    )
                 else:
-                    last = [task]
+                    last = [self.comm(f"{tag}.tp_{comm.op}", comm, Category.TP_COMM, last)]
         flush()
+        if overlapped is not None:
+            last = [*last, overlapped]
         return last[0] if len(last) == 1 else self.compute(f"{tag}.join", 0.0, category, last)
 
-    def forward_layer(
-        self, layer: Layer, deps: list[Task], tag: str, category: Category = Category.FORWARD
-    ) -> Task:
-        return self.run_ops(layer, self.layer_ops(layer), True, category, deps, tag)
+    def backward_op_list(self, layer: Layer) -> tuple[tuple[ComputeOp, ...], tuple[ComputeOp, ...]]:
+        """(ops replayed by recompute, backward ops) of one layer."""
+        fwd = self.layer_ops(layer)
+        replay: tuple[ComputeOp, ...] = ()
+        if self.cfg.recompute is Recompute.FULL and layer.kind in RECOMPUTED:
+            replay = fwd
+        elif self.cfg.recompute is Recompute.SELECTIVE and layer.kind is LayerKind.BLOCK:
+            replay = tuple(op for op in fwd if op.name in SELECTIVE_OPS)
+        return replay, self.model.backward_ops(tuple(reversed(fwd)))
+
+    def forward_layer(self, layer: Layer, deps: list[Task], tag: str) -> Task:
+        return self.run_ops(layer, self.layer_ops(layer), True, Category.FORWARD, deps, tag)
 
     def backward_layer(self, layer: Layer, deps: list[Task], tag: str) -> Task:
-        fwd = self.layer_ops(layer)
-        if self.cfg.recompute is Recompute.FULL and layer.kind in (
-            LayerKind.BLOCK,
-            LayerKind.LINEAR,
-        ):
-            deps = [self.forward_layer(layer, deps, f"{tag}.recompute", Category.RECOMPUTE)]
-        elif self.cfg.recompute is Recompute.SELECTIVE and layer.kind is LayerKind.BLOCK:
-            core = [
-                op for op in fwd if op.name in ("attn_scores", "softmax_dropout", "attn_values")
-            ]
-            deps = [
-                self.compute(
-                    f"{tag}.recompute_attention", self.op_seconds(core), Category.RECOMPUTE, deps
-                )
-            ]
-        bwd = self.model.backward_ops(tuple(reversed(fwd)))
+        replay, bwd = self.backward_op_list(layer)
+        if replay:
+            deps = [self.run_ops(layer, replay, True, Category.RECOMPUTE, deps, f"{tag}.re")]
         return self.run_ops(layer, bwd, False, Category.BACKWARD, deps, tag)
 
     # -- ZeRO-3 parameter gathering --
 
-    def module_numel(self, layer: Layer, module: str) -> int:
-        return sum(
-            -(-t.numel // self.cfg.tp) if t.tp_sharded else t.numel
-            for t in layer.tensors
-            if module_of(t) == module
-        )
+    def module_numels(self, layer: Layer, module: str) -> tuple[int, int]:
+        """(numel to gather, all numel) of a submodule's parameters on this TP rank."""
+        threshold = self.cfg.knobs.param_persistence_threshold
+        sizes = [self.tensor_numel(t) for t in layer.tensors if module_of(t) == module]
+        return sum(n for n in sizes if n > threshold), sum(sizes)
 
-    def zero3_queue(self, layers: Sequence[Layer], forward: bool) -> None:
-        """The modules this pass will fetch, in use order (what DeepSpeed's trace records).
+    def tensor_numel(self, tensor: ParamTensor) -> int:
+        return -(-tensor.numel // self.cfg.tp) if tensor.tp_sharded else tensor.numel
 
-        Persistent parameters (fewer than stage3_param_persistence_threshold elements) stay
-        gathered and are never fetched.
-        """
-        self.queue = []
-        self.issued = {}
-        self.queue_index = {}
-        if self.cfg.zero_stage is not ZeroStage.PARAMETERS:
-            return
-        for layer in layers:
-            ops = self.layer_ops(layer)
-            if not forward:
-                ops = self.model.backward_ops(tuple(reversed(ops)))
+    def micro_step_trace(self, layers: Sequence[Layer]) -> list[zero3.Use]:
+        """The module uses of one forward and backward, in the order the hooks fire."""
+        passes: list[tuple[Layer, tuple[ComputeOp, ...]]] = [(x, self.layer_ops(x)) for x in layers]
+        for x in reversed(layers):
+            replay, bwd = self.backward_op_list(x)
+            passes.append((x, replay + bwd))
+        trace: list[zero3.Use] = []
+        for layer, ops in passes:
+            previous = None
             for op in ops:
                 for module in op.modules:
-                    numel = self.module_numel(layer, module)
-                    key = (layer.name, module)
-                    if numel >= self.cfg.knobs.param_persistence_threshold and all(
-                        (n, m) != key for n, m, _ in self.queue
-                    ):
-                        self.queue.append((layer.name, module, numel))
-        self.queue_index = {(n, m): i for i, (n, m, _) in enumerate(self.queue)}
+                    gathered, total = self.module_numels(layer, module)
+                    if total and (layer.name, module) != previous:
+                        key = (layer.name, module)
+                        trace.append(zero3.Use(key, gathered, total, persistent=not gathered))
+                        previous = key
+        return trace
 
-    def zero3_fetch(self, layer: Layer, op: ComputeOp, last: list[Task], tag: str) -> list[Task]:
-        """`fetch_sub_module`: gather this module if not in flight, prefetch the next ones
-        within stage3_prefetch_bucket_size elements, then wait for this module's gather."""
-        keys = [(layer.name, m) for m in op.modules if (layer.name, m) in self.queue_index]
-        if not keys:
+    def zero3_start(self, layers: Sequence[Layer]) -> None:
+        """Replay DeepSpeed's coordinator over this micro-step (forward + backward)."""
+        trace = self.micro_step_trace(layers)
+        self.z3_trace = trace
+        self.z3_gathers = {}
+        for g in zero3.replay(trace, self.cfg.knobs).gathers:
+            self.z3_gathers.setdefault(g.at, []).append(g)
+        self.z3_pos = 0
+        self.z3_current = None
+
+    def zero3_use(self, layer: Layer, op: ComputeOp, last: list[Task], tag: str) -> list[Task]:
+        """At a module's first op: issue the gathers DeepSpeed issues there (its blocking
+        fetch, then one prefetch bucket) and wait for this module's parameters."""
+        if self.cfg.zero_stage is not ZeroStage.PARAMETERS or not op.modules:
             return []
-        waits = []
-        for key in keys:
-            position = self.queue_index[key]
-            window = self.cfg.knobs.prefetch_bucket_size
-            ahead = 0
-            for name, module, numel in self.queue[position:]:
-                if (name, module) != key and ahead + numel > window:
-                    break
-                if (name, module) != key:
-                    ahead += numel
-                if (name, module) not in self.issued:
-                    comm = Comm(CollectiveOp.ALL_GATHER, numel * self.d, Group.DP)
-                    self.issued[(name, module)] = self.comm(
-                        f"{tag}.gather.{name}.{module}",
-                        comm,
-                        Category.PARAM_GATHER,
-                        last,
-                        Stream.GATHER,
-                    )
-            waits.append(self.issued[key])
-            del self.queue_index[key]
+        waits: list[Task] = []
+        for module in op.modules:
+            key = (layer.name, module)
+            if key == self.z3_current or not self.module_numels(layer, module)[1]:
+                continue
+            self.z3_current = key
+            for g in self.z3_gathers.pop(self.z3_pos, []):
+                comm = Comm(CollectiveOp.ALL_GATHER, self.padded(g.numel) * self.d, Group.DP)
+                task = self.comm(
+                    f"{tag}.gather",
+                    comm,
+                    Category.PARAM_GATHER,
+                    last if g.blocking else [*last, *self.z3_blocking],
+                    Stream.GATHER,
+                )
+                self.z3_blocking = [task] if g.blocking else []
+                for k in g.keys:
+                    self.z3_inflight[k] = task
+            self.z3_pos += 1
+            if key in self.z3_inflight:
+                waits.append(self.z3_inflight.pop(key))
+        self.z3_blocking = []
         return waits
+
+    def padded(self, numel: float) -> float:
+        """A gather's output: each rank's shard is ceil(n / dp) elements."""
+        return -(-numel // self.cfg.dp) * self.cfg.dp
 
     # -- gradient reduction --
 
-    def grads_ready(self, layer: Layer, done: Task) -> None:
-        """DeepSpeed's IPG bucket: reduce when the next gradient would overflow it."""
+    def reduces_in_hooks(self, boundary: bool) -> bool:
+        """Whether gradients are reduced as backward produces them (DeepSpeed's IPG hooks):
+        stages 2 and 3 on every micro-batch, stage 1 with overlap_comm at the boundary only
+        (`process_gradients`, stage_1_and_2.py:2284-2294)."""
         stage = self.cfg.zero_stage
-        if stage in (ZeroStage.NONE, ZeroStage.OPTIMIZER) or self.cfg.dp == 1:
-            return
+        if self.cfg.dp == 1:
+            return False
+        if stage >= ZeroStage.GRADIENTS:
+            return True
+        return stage is ZeroStage.OPTIMIZER and self.cfg.overlap_comm and boundary
+
+    def grads_ready(self, layer: Layer, done: Task) -> None:
+        """The IPG bucket: flush before a gradient that would overflow reduce_bucket_size; a
+        gradient larger than the bucket is reduced alone (stage_1_and_2.py:1414-1450,
+        stage3.py:1569-1645)."""
         size = self.cfg.knobs.reduce_bucket_size
         for tensor in reversed(layer.tensors):
-            numel = -(-tensor.numel // self.cfg.tp) if tensor.tp_sharded else tensor.numel
+            numel = self.tensor_numel(tensor)
             if self.bucket.numel and self.bucket.numel + numel > size:
                 self.flush_bucket()
             self.bucket.numel += numel
             self.bucket.ready = [done]
+            if numel > size:
+                self.flush_bucket()
 
-    def flush_bucket(self) -> None:
+    def flush_bucket(self, deps: Sequence[Task] = ()) -> None:
+        """Reduce the bucket: stage 3 reduce-scatters it; stages 1-2 all-reduce it whole
+        (use_multi_rank_bucket_allreduce, the default) or reduce each owner's slice to it."""
         if not self.bucket.numel:
             return
-        stage = self.cfg.zero_stage
-        op = (
-            CollectiveOp.REDUCE_SCATTER
-            if stage is ZeroStage.PARAMETERS
-            else CollectiveOp.ALL_REDUCE
-        )
-        stream = Stream.REDUCE if self.cfg.overlap_comm else Stream.COMPUTE
-        deps = list(self.bucket.ready) + ([self.last_reduce] if self.last_reduce else [])
-        comm = Comm(op, self.bucket.numel * self.d, Group.DP)
-        self.last_reduce = self.comm("grad_bucket", comm, Category.GRAD_REDUCE, deps, stream)
+        numel, ready = self.bucket.numel, [*self.bucket.ready, *deps]
         self.bucket = _Bucket()
+        stream = Stream.REDUCE if self.cfg.overlap_comm else Stream.COMPUTE
+        if self.cfg.zero_stage is ZeroStage.PARAMETERS:
+            calls = [Comm(CollectiveOp.REDUCE_SCATTER, self.padded(numel) * self.d, Group.DP)]
+        elif self.cfg.knobs.use_multi_rank_bucket_allreduce or not self.cfg.knobs.reduce_scatter:
+            calls = [Comm(CollectiveOp.ALL_REDUCE, numel * self.d, Group.DP)]
+        else:
+            share = numel / self.cfg.dp * self.d
+            calls = [Comm(CollectiveOp.REDUCE, share, Group.DP, root=r) for r in range(self.cfg.dp)]
+        for comm in calls:
+            self.last_reduce = self.comm("grad_reduce", comm, Category.GRAD_REDUCE, ready, stream)
+            ready = [self.last_reduce]
 
     def boundary_reduce(self, deps: list[Task]) -> list[Task]:
-        """Stages 0 and 1 reduce all gradients once, after the last backward."""
-        stage, cfg = self.cfg.zero_stage, self.cfg
-        if stage > ZeroStage.OPTIMIZER or cfg.dp == 1:
+        """Reductions after the last backward, in parameter (forward) order: stage 0's
+        `buffered_allreduce_fallback` (5e8-element buckets, flushed after the parameter that
+        crosses the size) and stage 1's `reduce_gradients` without overlap_comm."""
+        cfg = self.cfg
+        if cfg.dp == 1 or cfg.zero_stage >= ZeroStage.GRADIENTS or self.reduced_in_hooks:
             return deps
-        numel = sum(x.params(cfg.tp) for chunk in self.chunks for x in chunk)
-        size = (
-            MEMORY_OPT_ALLREDUCE_SIZE if stage is ZeroStage.NONE else cfg.knobs.reduce_bucket_size
-        )
-        last = deps
-        for start in range(0, numel, size):
-            comm = Comm(CollectiveOp.ALL_REDUCE, min(size, numel - start) * self.d, Group.DP)
-            last = [self.comm("grad_allreduce", comm, Category.GRAD_REDUCE, last)]
+        tensors = [t for chunk in self.chunks for x in chunk for t in x.tensors]
+        if cfg.zero_stage is ZeroStage.OPTIMIZER:
+            done = deps[-1]
+            for t in tensors:
+                self.grads_ready(Layer("", LayerKind.LINEAR, (t,)), done)
+            self.flush_bucket(deps)
+            return [self.last_reduce] if self.last_reduce else deps
+        last, numel = deps, 0
+        for i, t in enumerate(tensors):
+            numel += self.tensor_numel(t)
+            if numel > MEMORY_OPT_ALLREDUCE_SIZE or i == len(tensors) - 1:
+                comm = Comm(CollectiveOp.ALL_REDUCE, numel * self.d, Group.DP)
+                last = [self.comm("grad_allreduce", comm, Category.GRAD_REDUCE, last)]
+                numel = 0
         return last
 
     # -- the step --
@@ -461,49 +496,88 @@ class _Builder:
             deps.append(ready[f"F{work.micro_batch}c{work.chunk}"])
             if not last:
                 deps.append(self.recv(f"grad{work.micro_batch}v{virtual}", act, +1))
-        order = layers if work.forward else tuple(reversed(layers))
-        self.zero3_queue(order, work.forward)
+        if work.forward and cfg.zero_stage is ZeroStage.PARAMETERS:
+            self.zero3_start(layers)  # ZeRO-3 runs without pipelining: F then B per micro-step
+        hooks = self.reduces_in_hooks(work.micro_batch == cfg.grad_accum - 1)
+        self.reduced_in_hooks |= hooks and not work.forward
         done = deps
-        for layer in order:
+        for layer in layers if work.forward else tuple(reversed(layers)):
             if work.forward:
                 task = self.forward_layer(layer, done, f"{tag}.{layer.name}")
             else:
                 task = self.backward_layer(layer, done, f"{tag}.{layer.name}")
-                self.grads_ready(layer, task)
+                if hooks:
+                    self.grads_ready(layer, task)
             done = [task]
-        if not work.forward and self.cfg.zero_stage >= ZeroStage.GRADIENTS:
-            self.flush_bucket()  # DeepSpeed reduces the remainder at the end of each backward
+        if not work.forward and hooks:
+            self.flush_bucket()  # the backward epilogue reduces what is left in the bucket
         ready[tag] = done[0]
         if work.forward and not last:
             self.send(f"act{work.micro_batch}v{virtual + 1}", act, +1, done)
         if not work.forward and not first:
             self.send(f"grad{work.micro_batch}v{virtual - 1}", act, -1, done)
 
-    def recv(self, tag: str, nbytes: float, peer: int) -> Task:
-        comm = Comm(CollectiveOp.SEND_RECV, nbytes, Group.PP, peer, tag)
-        task = Task(f"recv.{tag}", Stream.P2P, Category.PP_COMM, comm=comm, receives=True)
-        return self.program.add(task)
+    def build(self) -> Program:
+        ready: dict[str, Task] = {}
+        for work in pipeline_order(self.cfg, self.stage):
+            self.micro_batch(work, ready)
+        deps = [t for k, t in ready.items() if k.startswith("B")]
+        deps += [self.last_reduce] if self.last_reduce else []
+        deps = self.boundary_reduce(deps)
+        deps = self.tied_embedding_reduce(deps)
+        deps = self.grad_norm(deps)
+        deps = self.optimizer(deps)
+        self.post_step_gather(deps)
+        return self.program
 
-    def send(self, tag: str, nbytes: float, peer: int, deps: list[Task]) -> Task:
-        comm = Comm(CollectiveOp.SEND_RECV, nbytes, Group.PP, peer, tag)
-        return self.comm(f"send.{tag}", comm, Category.PP_COMM, deps, Stream.P2P)
+    def grad_norm(self, deps: list[Task]) -> list[Task]:
+        """The global gradient norm: a one-element all-reduce every step (ZeRO 1-2 fp32 as
+        compute_grad_norm=True, ZeRO-3 fp64; stage 0 clips with the default
+        gradient_clipping=1.0)."""
+        if self.cfg.dp == 1:
+            return deps
+        nbytes = 8 if self.cfg.zero_stage is ZeroStage.PARAMETERS else 4
+        comm = Comm(CollectiveOp.ALL_REDUCE, nbytes, Group.DP)
+        return [self.comm("grad_norm", comm, Category.GRAD_REDUCE, deps)]
+
+    def stage_params(self) -> int:
+        return sum(x.params(self.cfg.tp) for chunk in self.chunks for x in chunk)
 
     def optimizer(self, deps: list[Task]) -> list[Task]:
-        """The Adam step on this rank's partition; ZeRO-1/2 then gather updated parameters."""
+        """The Adam step on this rank's partition (all of it without ZeRO)."""
         cfg = self.cfg
-        params = sum(x.params(cfg.tp) for chunk in self.chunks for x in chunk)
-        shard = params / cfg.dp if cfg.zero_stage >= ZeroStage.OPTIMIZER else params
-        if cfg.offload is Offload.NONE:
-            seconds = shard * ADAM_BYTES_PER_PARAM / self.device.optimizer_bytes_per_s
-            last = [self.compute("optimizer_step", seconds, Category.OPTIMIZER, deps)]
-        else:
-            last = self.offloaded_step(shard, deps)
-        if cfg.zero_stage in (ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS) and cfg.dp > 1:
-            size = cfg.knobs.allgather_bucket_size * cfg.dp  # each rank's shard is one bucket
-            for start in range(0, int(params), size):
-                comm = Comm(CollectiveOp.ALL_GATHER, min(size, params - start) * self.d, Group.DP)
-                last = [self.comm("param_allgather", comm, Category.PARAM_GATHER, last)]
-        return last
+        shard = self.stage_params() / (cfg.dp if cfg.zero_stage >= ZeroStage.OPTIMIZER else 1)
+        if cfg.offload is not Offload.NONE:
+            return self.offloaded_step(shard, deps)
+        seconds = shard * ADAM_STEP_BYTES_PER_PARAM / self.device.optimizer_bytes_per_s
+        return [self.compute("optimizer_step", seconds, Category.OPTIMIZER, deps)]
+
+    def post_step_gather(self, deps: list[Task]) -> None:
+        """ZeRO-1/2 gather the updated parameters in one all_gather_into_tensor of the padded
+        flat group (`all_gather_dp_groups`; allgather_bucket_size only bounds a fallback);
+        ZeRO-3 gathers each persistent parameter with its own call (`_post_step`)."""
+        cfg, stage = self.cfg, self.cfg.zero_stage
+        if cfg.dp == 1 or stage is ZeroStage.NONE:
+            return
+        if stage is not ZeroStage.PARAMETERS:
+            align = 2 * cfg.dp  # nccl_start_alignment_factor x dp (stage_1_and_2.py:387)
+            numel = -(-self.stage_params() // align) * align
+            comm = Comm(CollectiveOp.ALL_GATHER, numel * self.d, Group.DP)
+            self.comm("param_allgather", comm, Category.PARAM_GATHER, deps)
+            return
+        threshold = cfg.knobs.param_persistence_threshold
+        for chunk in self.chunks:
+            for layer in chunk:
+                for t in layer.tensors:
+                    if self.tensor_numel(t) <= threshold:
+                        comm = Comm(
+                            CollectiveOp.ALL_GATHER,
+                            self.padded(self.tensor_numel(t)) * self.d,
+                            Group.DP,
+                        )
+                        self.comm(
+                            "persistent_gather", comm, Category.PARAM_GATHER, deps, Stream.GATHER
+                        )
 
     def offloaded_step(self, shard: float, deps: list[Task]) -> list[Task]:
         """ZeRO-Offload: fp32 gradients to the host, CPU Adam, 16-bit parameters back."""
@@ -511,23 +585,14 @@ class _Builder:
         down = self.compute("grads_to_host", shard * 4 / link, Category.OFFLOAD, deps, Stream.PCIE)
         rate = self.device.host_adam_params_per_s
         if rate <= 0:
-            raise ValueError(f"profile {self.device.name} has no host Adam rate for offload")
+            raise InputError(
+                "profile",
+                self.device.name,
+                "a profile with a host Adam rate (calibrate) to simulate offload",
+            )
         step = self.compute("cpu_adam", shard / rate, Category.OPTIMIZER, [down], Stream.HOST)
-        up = self.compute(
-            "params_to_device", shard * self.d / link, Category.OFFLOAD, [step], Stream.PCIE
-        )
-        return [up]
-
-    def build(self) -> Program:
-        ready: dict[str, Task] = {}
-        for work in pipeline_order(self.cfg, self.stage):
-            self.micro_batch(work, ready)
-        backwards = [t for k, t in ready.items() if k.startswith("B")]
-        deps = backwards + ([self.last_reduce] if self.last_reduce else [])
-        deps = self.boundary_reduce(deps)
-        deps = self.tied_embedding_reduce(deps)
-        self.optimizer(deps)
-        return self.program
+        seconds = shard * self.d / link
+        return [self.compute("params_to_device", seconds, Category.OFFLOAD, [step], Stream.PCIE)]
 
     def tied_embedding_reduce(self, deps: list[Task]) -> list[Task]:
         """Megatron all-reduces the tied word embedding's gradient between the first and last
@@ -538,6 +603,15 @@ class _Builder:
         numel = -(-m.vocab // cfg.tp) * m.hidden
         comm = Comm(CollectiveOp.ALL_REDUCE, numel * self.d, Group.EMBEDDING)
         return [self.comm("tied_embedding_allreduce", comm, Category.GRAD_REDUCE, deps)]
+
+    def recv(self, tag: str, nbytes: float, peer: int) -> Task:
+        comm = Comm(CollectiveOp.SEND_RECV, nbytes, Group.PP, peer, tag)
+        task = Task(f"recv.{tag}", Stream.P2P, Category.PP_COMM, comm=comm, receives=True)
+        return self.program.add(task)
+
+    def send(self, tag: str, nbytes: float, peer: int, deps: list[Task]) -> Task:
+        comm = Comm(CollectiveOp.SEND_RECV, nbytes, Group.PP, peer, tag)
+        return self.comm(f"send.{tag}", comm, Category.PP_COMM, deps, Stream.P2P)
 
 
 def build_program(

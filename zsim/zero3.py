@@ -1,0 +1,107 @@
+"""DeepSpeed ZeRO-3's parameter coordinator, replayed over one micro-step's module trace.
+
+`PartitionedParameterCoordinator` (deepspeed/runtime/zero/partitioned_param_coordinator.py,
+0.19) decides from the *order* of module uses alone, never from timing, which gathers to issue:
+
+- `fetch_sub_module` (line ~310): gather the module's parameters that are not available (one
+  blocking call), then prefetch: pop the recorded parameter trace while the newly issued numel
+  is below min(stage3_prefetch_bucket_size, max_live_parameters - available numel), and gather
+  the popped, unavailable parameters in one call (line ~452);
+- `release_sub_module` / `__params_to_release` (line ~494, ~640): after a use, a parameter is
+  freed unless it is persistent (fewer than stage3_param_persistence_threshold elements), or a
+  later use was already prefetched, or it is used again within stage3_max_reuse_distance
+  elements of trace (counting every module's parameters, from the next use on);
+- after the backward, everything not persistent is freed (`release_and_reset_all`).
+
+So replaying that logic over the trace gives exactly DeepSpeed's gathers; the engine then times
+them. Keys name a module's (non-persistent) parameters; numel is per TP rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from zsim.parallel import ZeroKnobs
+
+Key = tuple[str, str]  # (layer, module)
+
+
+@dataclass(frozen=True)
+class Use:
+    """One module invocation: the parameters it needs (all of the module's, numel)."""
+
+    key: Key
+    numel: int  # elements gathered (its non-persistent parameters)
+    span: int  # all its elements: what DeepSpeed's reuse-distance walk counts
+    persistent: bool
+
+
+@dataclass(frozen=True)
+class Gather:
+    """One all-gather call issued at trace position `at`."""
+
+    at: int
+    keys: tuple[Key, ...]
+    numel: int
+    blocking: bool  # the module's own fetch (the compute waits right away)
+
+
+@dataclass
+class Replay:
+    gathers: list[Gather] = field(default_factory=list)
+    peak_available_numel: int = 0  # gathered parameters alive at once (for the ledger)
+
+
+def replay(trace: Sequence[Use], knobs: ZeroKnobs) -> Replay:
+    """Gathers DeepSpeed issues over `trace` (forward uses then backward uses)."""
+    out = Replay()
+    persistent_numel = sum({u.key: u.span - u.numel for u in trace}.values())
+    available: dict[Key, int] = {}
+    n_available = persistent_numel
+    queue = [i for i, u in enumerate(trace) if not u.persistent]
+    head = 0  # next queue entry to pop
+    prefetched_for: dict[Key, int] = {}
+
+    for j, use in enumerate(trace):
+        if use.persistent:
+            continue
+        while head < len(queue) and queue[head] <= j:
+            head += 1
+        if use.key not in available:
+            available[use.key] = use.numel
+            n_available += use.numel
+            out.gathers.append(Gather(j, (use.key,), use.numel, blocking=True))
+        budget = min(knobs.prefetch_bucket_size, knobs.max_live_parameters - n_available)
+        batch: dict[Key, int] = {}
+        issued = 0
+        while head < len(queue) and issued < budget:
+            ahead = trace[queue[head]]
+            head += 1
+            prefetched_for[ahead.key] = max(prefetched_for.get(ahead.key, -1), queue[head - 1])
+            if ahead.key not in available and ahead.key not in batch:
+                batch[ahead.key] = ahead.numel
+                issued += ahead.numel
+        if batch:
+            available.update(batch)
+            n_available += issued
+            out.gathers.append(Gather(j, tuple(batch), issued, blocking=False))
+        out.peak_available_numel = max(out.peak_available_numel, n_available)
+        if _released(trace, j, use.key, knobs.max_reuse_distance, prefetched_for):
+            n_available -= available.pop(use.key)
+    return out
+
+
+def _released(
+    trace: Sequence[Use], j: int, key: Key, max_reuse: int, prefetched_for: dict[Key, int]
+) -> bool:
+    if prefetched_for.get(key, -1) > j:
+        return False  # a later use was already prefetched: DeepSpeed keeps it
+    traversed = 0
+    for later in trace[j + 1 :]:
+        if traversed >= max_reuse:
+            break
+        if later.key == key:
+            return False
+        traversed += later.span
+    return True
