@@ -174,12 +174,12 @@ def main(argv: list[str]) -> int:
     case = json.loads(Path(argv[0]).read_text())
     out = Path(argv[1])
     backend = "nccl" if case["device"] == "cuda" else "gloo"
+    if case["device"] == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     deepspeed.init_distributed(
         dist_backend=backend, timeout=timedelta(seconds=case["collective_timeout_s"])
     )
     rank = dist.get_rank()
-    if case["device"] == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     record: dict[str, Any] = {"rank": rank, "ok": False}
     try:
         record |= train(case) | {"ok": True}
