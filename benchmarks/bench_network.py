@@ -33,6 +33,7 @@ from zsim.collectives import (
     CollectiveCall,
     CollectiveOp,
     Plan,
+    bandwidths,
     plan,
     run_plan,
     simulate_s,
@@ -122,7 +123,7 @@ def accuracy_rows() -> list[str]:
         measured = float(r["busbw_GBps"] or r["busbw_inplace_GBps"])
         call = CollectiveCall(CollectiveOp.ALL_REDUCE, size, tuple(range(8)))
         [t] = simulate_s(topo, [call])
-        busbw = 2 * 7 / 8 * size / t / 1e9
+        busbw = bandwidths(CollectiveOp.ALL_REDUCE, 8, size, t)[1] / 1e9
         errors.append(busbw / measured - 1)
         rows.append(
             f"| {r['row_id'][-3:]} | {r['source_id']} | {size // 2**20} MiB | {measured:.1f} "
@@ -164,7 +165,7 @@ def peak_rows() -> list[str]:
         topo = presets.topology(name)
         n = topo.world_size
         [t] = simulate_s(topo, [CollectiveCall(CollectiveOp.ALL_REDUCE, size, tuple(range(n)))])
-        busbw = 2 * (n - 1) / n * size / t / 1e9
+        busbw = bandwidths(CollectiveOp.ALL_REDUCE, n, size, t)[1] / 1e9
         rows.append(
             f"| {row_id} | {note} | {measured:g} | {name} | {busbw:.1f} "
             f"| {busbw / measured - 1:+.1%} |"
