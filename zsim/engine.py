@@ -65,6 +65,7 @@ class Engine:
         self.full = full
         self.spans: list[Span] = []
         self.ranks = self._simulated_ranks()
+        self.simulated = set(self.ranks)
         self.done: dict[tuple[int, int], simpy.Event] = {}
         self.pending: dict[tuple[object, ...], _Rendezvous] = {}
         self.arrivals: dict[tuple[int, str], simpy.Event] = {}
@@ -187,7 +188,7 @@ class Engine:
         meeting = self.pending.setdefault(key, _Rendezvous(done=self.env.event()))
         meeting.arrived += 1
         assert meeting.done is not None
-        expected = sum(1 for r in members if r in self.ranks) if self.full else 1
+        expected = sum(1 for r in members if r in self.simulated)
         if meeting.arrived == expected:
             del self.pending[key]
             self.env.process(self.launch(task, comm, members, meeting.done))
@@ -196,18 +197,18 @@ class Engine:
     def launch(
         self, task: Task, comm: Comm, members: tuple[int, ...], done: simpy.Event
     ) -> Generator[simpy.Event, None, None]:
-        call = CollectiveCall(comm.op, comm.nbytes, members)
+        call = CollectiveCall(comm.op, comm.nbytes, members, root=comm.root)
         self.book(call, task.category, members)
         first = self.comms.run(call)
         for group in self.replicas(members[0], comm.group):
             if self.comms.shares_links(comm.op, members, group):
-                self.comms.collective(comm.op, comm.nbytes, group)
+                self.comms.collective(comm.op, comm.nbytes, group, root=comm.root)
         yield first
         done.succeed()
 
     def book(self, call: CollectiveCall, category: Category, senders: Sequence[int]) -> None:
         """Bytes the simulated ranks among `senders` put on the network for this call."""
-        simulated = set(senders) & set(self.ranks)
+        simulated = set(senders) & self.simulated
         sent = sum(
             f.nbytes * phase.repeat
             for phase in self.comms.plan(call).phases

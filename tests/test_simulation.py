@@ -1,0 +1,123 @@
+"""The step simulator against closed forms, the seeds' traffic table and its own two modes."""
+
+from pathlib import Path
+
+import pytest
+
+from zsim import presets
+from zsim.hardware import ComputeRates, DeviceProfile
+from zsim.model import preset, with_overrides
+from zsim.parallel import ParallelConfig, PipelineSchedule, Precision, ZeroKnobs, ZeroStage
+from zsim.simulation import simulate
+
+IDEAL = presets.topology(str(Path(__file__).parent / "data" / "ideal-8.yaml"))
+
+
+def flat_device(optimizer_bytes_per_s: float = 1e30) -> DeviceProfile:
+    """A device whose kernel time is exactly FLOPs / 1e12 (no overheads, no memory term)."""
+    rates = ComputeRates(1e12, 0.0, 1e12, 1e30, 0.0)
+    return DeviceProfile(
+        "flat", 80e9, 0.0, {"fp16": 1e12}, {"fp16": rates}, 1e30, optimizer_bytes_per_s
+    )
+
+
+MLP = with_overrides(preset("toy-mlp"), layers=16, hidden=1024)
+
+
+def ideal_step(cfg: ParallelConfig) -> float:
+    """m micro-batches, each forward + backward (3x forward FLOPs) of 1/p of the model."""
+    return cfg.grad_accum * 3 * MLP.forward_flops(cfg.micro_batch) / cfg.pp / 1e12
+
+
+@pytest.mark.parametrize(("p", "m"), [(2, 4), (4, 8), (4, 4), (8, 16)])
+@pytest.mark.parametrize("schedule", [PipelineSchedule.GPIPE, PipelineSchedule.ONE_F_ONE_B])
+def test_pipeline_bubble_matches_closed_form(p, m, schedule):
+    # GPipe and 1F1B both idle (p-1)/(m+p-1) of the step (Narayanan et al. 2021, sec. 2.2)
+    cfg = ParallelConfig(pp=p, grad_accum=m, micro_batch=2, pp_schedule=schedule)
+    step = simulate(MLP, cfg, IDEAL, flat_device()).step_time_s
+    bubble = (step - ideal_step(cfg)) / step
+    assert bubble == pytest.approx((p - 1) / (m + p - 1), rel=1e-3)
+
+
+@pytest.mark.parametrize(("p", "m", "v"), [(2, 4, 2), (4, 8, 2), (4, 8, 4)])
+def test_interleaving_shrinks_bubble_by_v(p, m, v):
+    # interleaved 1F1B: bubble time / ideal = (p-1)/(v m) (Narayanan et al. 2021, sec. 2.2.2)
+    cfg = ParallelConfig(
+        pp=p,
+        grad_accum=m,
+        micro_batch=2,
+        virtual_stages=v,
+        pp_schedule=PipelineSchedule.INTERLEAVED,
+    )
+    step = simulate(MLP, cfg, IDEAL, flat_device()).step_time_s
+    ideal = ideal_step(cfg)
+    assert (step - ideal) / ideal == pytest.approx((p - 1) / (v * m), rel=1e-3)
+
+
+def traffic_in_params(stage, knobs=None, dp=8):
+    model = preset("gpt-350m")
+    topo = presets.topology("1x8-nvlink")
+    cfg = ParallelConfig(dp=dp, zero_stage=stage, knobs=knobs or ZeroKnobs())
+    report = simulate(model, cfg, topo, presets.gpu("a100-80gb"))
+    param_bytes = model.total_params() * 2
+    return sum(report.traffic_bytes_per_gpu.values()) / param_bytes
+
+
+def test_traffic_plain_dp_is_2_psi():
+    # a ring all-reduce sends 2(n-1)/n of the buffer from every GPU (the seeds' 2Ψ)
+    assert traffic_in_params(ZeroStage.NONE) == pytest.approx(2 * 7 / 8, rel=0.01)
+
+
+@pytest.mark.parametrize("stage", [ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS])
+def test_traffic_zero12_reduce_to_owner_is_2_psi(stage):
+    # with reduce-to-owner buckets (use_multi_rank_bucket_allreduce=false) ZeRO-1/2 move the
+    # seeds' 2Ψ: a reduce-scatter's worth of reduces plus one all-gather, (n-1)/n each
+    knobs = ZeroKnobs(use_multi_rank_bucket_allreduce=False)
+    assert traffic_in_params(stage, knobs) == pytest.approx(2 * 7 / 8, rel=0.02)
+
+
+@pytest.mark.parametrize("stage", [ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS])
+def test_traffic_zero12_deepspeed_default_all_reduces(stage):
+    # DeepSpeed 0.19's default all-reduces each bucket whole, then all-gathers: 3Ψ (n-1)/n
+    assert traffic_in_params(stage) == pytest.approx(3 * 7 / 8, rel=0.01)
+
+
+def test_traffic_zero3_is_3_psi_when_released():
+    # seeds: forward all-gather Ψ + backward all-gather Ψ + reduce-scatter Ψ, when every
+    # parameter is released after its forward use and nothing is prefetched, as DeepSpeed
+    # does with stage3_max_reuse_distance = stage3_max_live_parameters = 0 (traced)
+    knobs = ZeroKnobs(max_reuse_distance=0, max_live_parameters=0, param_persistence_threshold=0)
+    assert traffic_in_params(ZeroStage.PARAMETERS, knobs) == pytest.approx(3 * 7 / 8, rel=0.01)
+
+
+def test_traffic_zero3_reuse_distance_skips_backward_gathers():
+    # with a reuse window larger than the model nothing is released before backward: 2Ψ
+    knobs = ZeroKnobs(max_reuse_distance=10**12, param_persistence_threshold=0)
+    assert traffic_in_params(ZeroStage.PARAMETERS, knobs) == pytest.approx(2 * 7 / 8, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    ("topology", "cfg"),
+    [
+        ("1x8-nvlink", ParallelConfig(dp=4, tp=2, zero_stage=ZeroStage.PARAMETERS)),
+        ("2x4-ib", ParallelConfig(dp=2, tp=2, pp=2, grad_accum=4, zero_stage=ZeroStage.OPTIMIZER)),
+        ("2x4-ethernet", ParallelConfig(dp=8, zero_stage=ZeroStage.GRADIENTS, grad_accum=2)),
+    ],
+)
+def test_symmetric_and_full_modes_agree(topology, cfg):
+    model = with_overrides(preset("gpt-125m"), layers=4, seq_len=512)
+    topo = presets.topology(topology)
+    device = presets.gpu(topo.gpu_model or "a100-80gb")
+    fast = simulate(model, cfg, topo, device)
+    full = simulate(model, cfg, topo, device, full=True)
+    assert fast.step_time_s == pytest.approx(full.step_time_s, rel=1e-9)
+    assert len(full.engine.simulated_ranks) == cfg.world_size
+
+
+def test_layout_refusals():
+    from zsim.errors import InputError
+
+    with pytest.raises(InputError, match="pipeline"):
+        ParallelConfig(pp=2, zero_stage=ZeroStage.GRADIENTS)
+    with pytest.raises(InputError, match="precision"):
+        flat_device().rates_for(str(Precision.BF16))
