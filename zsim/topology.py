@@ -470,12 +470,12 @@ def describe(topo: Topology) -> dict[str, Any]:
         "vertices": kinds,
         "rail_optimized": topo.fabric.rail_optimized,
         "oversubscription": topo.fabric.oversubscription,
-        "call_latency_us": topo.call_latency_s * 1e6,
+        "call_latency_us": round(topo.call_latency_s * 1e6, 6),
         "links": [
             {
                 "class": str(cls),
-                "bandwidth_GBps": bw / 1e9,
-                "latency_us": lat * 1e6,
+                "bandwidth_GBps": round(bw / 1e9, 9),
+                "latency_us": round(lat * 1e6, 6),
                 "directed_edges": count,
             }
             for cls, bw, lat, count in topo.link_classes()
