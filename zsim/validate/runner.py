@@ -242,6 +242,8 @@ def _collect(case: Case, run_dir: Path, status: Status, detail: str, wall_s: flo
     if status is not Status.OK:
         if not detail or detail.startswith("launcher"):
             detail = (detail + "; " if detail else "") + _log_tail(run_dir)
+        if status is Status.FAILED and not errors and _killed(run_dir):
+            detail = "a rank was killed by SIGKILL (the kernel's OOM killer?); " + detail
         return Measurement(case, status, detail, wall_s=wall_s)
     raw = json.loads(result_file.read_text())
     held = raw["memory_rank0"]["held"]
@@ -275,6 +277,11 @@ def _rank_records(run_dir: Path) -> list[dict[str, Any]]:
         except (OSError, json.JSONDecodeError):
             continue
     return records
+
+
+def _killed(run_dir: Path) -> bool:
+    """torchrun reports a worker that died of SIGKILL (what the OOM killer sends)."""
+    return any("SIGKILL" in log.read_text(errors="replace") for log in run_dir.glob("node*.log"))
 
 
 def _log_tail(run_dir: Path, lines: int = 3) -> str:
