@@ -11,10 +11,14 @@ from typing import Any, NoReturn
 
 from zsim import presets, render
 from zsim.errors import InputError
+from zsim.hardware import DeviceProfile
 from zsim.memory import peak_ledger
 from zsim.model import PRESETS
 from zsim.parallel import ZeroStage, with_stage
 from zsim.scenario import build_model, build_parallel, check_layout
+from zsim.simulation import simulate
+from zsim.topology import Topology
+from zsim.trace import chrome_trace
 
 
 class _Parser(argparse.ArgumentParser):
@@ -127,6 +131,87 @@ def cmd_memory(args: argparse.Namespace) -> int:
     return 0
 
 
+DEFAULT_RUN = {"topology": "1x8-nvlink", "model": "gpt-1.3b", "micro_batch": "4"}
+
+
+def _device(args: argparse.Namespace, topology: Topology) -> DeviceProfile:
+    """A calibrated profile (--profile), a GPU preset (--gpu), or the topology's GPU."""
+    if args.profile:
+        from zsim.calibrate.profile import load_profile
+
+        return load_profile(args.profile)
+    name = args.gpu or topology.gpu_model
+    if name is None:
+        raise InputError(
+            "gpu",
+            None,
+            f"a GPU preset (--gpu) or a calibrated profile (--profile): "
+            f"topology {topology.name} names no GPU model",
+        )
+    return presets.gpu(name)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    defaults = [
+        f"--{k.replace('_', '-')} {v}"
+        for k, v in DEFAULT_RUN.items()
+        if getattr(args, k) is None and not (k == "model" and args.params)
+    ]
+    for key, value in DEFAULT_RUN.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    topology = presets.topology(args.topology)
+    model = _model_from(args)
+    tp, pp = (int(x) if x else 1 for x in (args.tp, args.pp))
+    world = topology.world_size
+    dp = args.dp or (str(world // (tp * pp)) if world % (tp * pp) == 0 else None)
+    if dp is None:
+        raise InputError("tp x pp", tp * pp, f"a divisor of the {world} GPUs of {topology.name}")
+    cfg = _parallel_from(args, dp=dp)
+    check_layout(model, cfg)
+    if cfg.world_size != world:
+        raise InputError(
+            "dp x tp x pp",
+            cfg.world_size,
+            f"the {world} GPUs of {topology.name} (dp={cfg.dp}, tp={cfg.tp}, pp={cfg.pp})",
+        )
+    device = _device(args, topology)
+    report = simulate(model, cfg, topology, device, full=args.full)
+    summary = render.run_report(model, cfg, topology.name, device, report)
+    if args.trace:
+        _write(args.trace, json.dumps(chrome_trace(report.engine.spans)))
+    if args.plot:
+        from zsim.plots import timeline
+
+        title = (
+            f"{model.name} on {topology.name}: ZeRO-{int(cfg.zero_stage)}, "
+            f"dp={cfg.dp} tp={cfg.tp} pp={cfg.pp}"
+        )
+        fig = timeline(report.engine.spans, title)
+        _write(args.plot, fig)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        if defaults:
+            render.note("defaults: " + "  ".join(defaults))
+        render.print_run(summary)
+    return 0
+
+
+def _write(path: Path, content: Any) -> None:
+    """Write a file through a temporary name, so a failure leaves no half-written file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        if isinstance(content, str):
+            tmp.write_text(content, encoding="utf-8")
+        else:
+            content.savefig(tmp, dpi=120, format=path.suffix.lstrip(".") or "png")
+        tmp.replace(path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise InputError("output", str(path), f"a writable path ({exc.strerror})") from None
+
+
 def cmd_models(args: argparse.Namespace) -> int:
     rows = [render.model_row(m) for m in PRESETS.values()]
     print(json.dumps(rows, indent=2)) if args.json else render.print_rows(rows, "Model presets")
@@ -151,6 +236,22 @@ def build_parser() -> argparse.ArgumentParser:
     from zsim.validate import cli as validate_cli
 
     validate_cli.add_commands(sub)
+
+    run = sub.add_parser("run", help="simulate one training step on a cluster")
+    run.add_argument(
+        "--topology",
+        help="cluster preset NxG-fabric or a YAML file "
+        f"(default {DEFAULT_RUN['topology']}; see `zsim topologies`)",
+    )
+    _add_model_flags(run)
+    _add_parallel_flags(run)
+    run.add_argument("--gpu", help="GPU preset, instead of the topology's (see `zsim gpus`)")
+    run.add_argument("--profile", type=Path, help="a calibrated profile (zsim calibrate)")
+    run.add_argument("--full", action="store_true", help="simulate every rank, not one per stage")
+    run.add_argument("--json", action="store_true", help="machine-readable output")
+    run.add_argument("--trace", type=Path, help="write a Chrome/Perfetto trace JSON")
+    run.add_argument("--plot", type=Path, help="write a timeline PNG of compute and comm")
+    run.set_defaults(func=cmd_run)
 
     mem = sub.add_parser("memory", help="memory ledger per GPU for ZeRO stages 0-3")
     _add_model_flags(mem)

@@ -12,6 +12,7 @@ from zsim.hardware import GB, DeviceProfile
 from zsim.memory import MemoryLedger
 from zsim.model import ModelKind, ModelSpec
 from zsim.parallel import ParallelConfig, ZeroStage
+from zsim.simulation import Report
 
 _console = Console(highlight=False)
 
@@ -162,3 +163,72 @@ def print_rows(rows: Sequence[Mapping[str, Any]], title: str) -> None:
     for row in rows:
         table.add_row(*("" if v is None else str(v) for v in row.values()))
     _console.print(table)
+
+
+def note(text: str) -> None:
+    _console.print(f"[dim]{text}[/]")
+
+
+def run_report(
+    model: ModelSpec, cfg: ParallelConfig, topology: str, device: DeviceProfile, report: Report
+) -> dict[str, Any]:
+    out = {
+        "model": model_summary(model),
+        "parallel": parallel_summary(cfg),
+        "topology": topology,
+        "device": device.name,
+        **report.as_dict(),
+    }
+    out["memory_GB"] = {k: gb(v) for k, v in report.memory.as_dict().items()}
+    out["usable_memory_GB"] = gb(device.usable_bytes)
+    out["traffic_GB_per_gpu"] = {k: v / GB for k, v in report.traffic_bytes_per_gpu.items()}
+    return out
+
+
+def print_run(r: dict[str, Any]) -> None:
+    m, p = r["model"], r["parallel"]
+    _console.print(
+        f"[bold]{m['name']}[/] ({m['params'] / 1e9:.3g}B) on [bold]{r['topology']}[/] "
+        f"({r['device']}): ZeRO-{p['zero_stage']} dp={p['dp']} tp={p['tp']} pp={p['pp']}, "
+        f"{p['precision']}, micro-batch {p['micro_batch']} x accum {p['grad_accum']} = "
+        f"global batch {p['global_batch']}, recompute {p['recompute']}, offload {p['offload']}"
+    )
+    t = Table(title="One training step (simulated)", show_header=False)
+    t.add_column("")
+    t.add_column("", justify="right")
+    step = r["step_time_s"]
+    rows = [
+        ("step time", f"{step * 1e3:,.2f} ms"),
+        ("throughput", f"{r['samples_per_s']:,.2f} samples/s, {r['tokens_per_s']:,.0f} tokens/s"),
+        (
+            "model TFLOP/s per GPU",
+            f"{r['model_tflops_per_gpu']:,.1f} (MFU {r['mfu']:.1%}, HFU {r['hfu']:.1%})",
+        ),
+        ("compute", f"{r['compute_s'] * 1e3:,.2f} ms ({r['compute_s'] / step:.0%})"),
+        (
+            "exposed communication",
+            f"{r['exposed_comm_s'] * 1e3:,.2f} ms ({r['exposed_comm_s'] / step:.0%})",
+        ),
+        (
+            "idle (pipeline bubble, waits)",
+            f"{r['bubble_s'] * 1e3:,.2f} ms ({r['bubble_s'] / step:.0%})",
+        ),
+    ]
+    for key, value in sorted(r["traffic_GB_per_gpu"].items()):
+        rows.append((f"sent per GPU: {key}", f"{value:,.3f} GB"))
+    for row in rows:
+        t.add_row(*row)
+    _console.print(t)
+    mem = r["memory_GB"]
+    lines = ", ".join(
+        f"{k.replace('_', ' ')} {mem[k]:,.2f}"
+        for k in ("parameters", "gradients", "optimizer_states", "activations", "comm_buffers")
+        if mem.get(k) is not None
+    )
+    verdict = "fits" if r["fits"] else "[red bold]does NOT fit (OOM)[/]"
+    _console.print(
+        f"Memory per GPU (pipeline stage {r['memory_pipeline_stage']}), GB: {lines}; "
+        f"total [bold]{mem['device_total']:,.2f}[/] of {r['usable_memory_GB']:,.1f} "
+        f"usable: {verdict}"
+        + (f"; {mem['host_offloaded']:,.2f} GB on the host" if mem["host_offloaded"] else "")
+    )

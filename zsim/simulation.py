@@ -7,6 +7,7 @@ from typing import Any
 
 import simpy
 
+from zsim.calibrate.links import apply_profile
 from zsim.collectives import Communicator
 from zsim.engine import Engine, EngineResult
 from zsim.fabric import Backend
@@ -84,6 +85,7 @@ def simulate(
     full: bool = False,
 ) -> Report:
     """Simulate one step. `full` simulates every rank instead of one per pipeline stage."""
+    topology = apply_profile(topology, device)  # a calibrated profile's links and call latency
     grid = RankGrid(dp=parallel.dp, pp=parallel.pp, tp=parallel.tp)
     gloo = topology.fabric.backend is Backend.GLOO
     programs = [build_program(model, parallel, device, s, gloo) for s in range(parallel.pp)]
