@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from zsim.layout import rank_layers
 from zsim.model import Layer, LayerKind, ModelKind, ModelSpec
 from zsim.parallel import (
     Offload,
@@ -80,32 +81,6 @@ class MemoryLedger:
         return out
 
 
-# ---- placement of layers on pipeline stages ------------------------------------------------
-
-
-def stage_layers(model: ModelSpec, pp: int, stage: int) -> tuple[Layer, ...]:
-    """The modules of one pipeline stage: blocks split evenly, embedding first, head last.
-
-    With tied embeddings the last stage holds a copy of the word embedding for the output
-    projection, as Megatron does (its gradient is all-reduced with the first stage's copy).
-    """
-    layers = model.layer_list()
-    if pp == 1:
-        return layers
-    blocks = [x for x in layers if x.kind in (LayerKind.BLOCK, LayerKind.LINEAR)]
-    per = len(blocks) // pp
-    chosen = list(blocks[stage * per : (stage + 1) * per])
-    if stage == 0:
-        chosen = [x for x in layers if x.kind is LayerKind.EMBEDDING] + chosen
-    if stage == pp - 1:
-        chosen += [x for x in layers if x.kind is LayerKind.HEAD]
-        if model.tied_embeddings and model.kind is ModelKind.TRANSFORMER:
-            embedding = next(x for x in layers if x.kind is LayerKind.EMBEDDING)
-            word = tuple(t for t in embedding.tensors if t.name == "wte.weight")
-            chosen.append(Layer("word_embedding_copy", LayerKind.TIED_COPY, word))
-    return tuple(chosen)
-
-
 # ---- the ledger ---------------------------------------------------------------------------
 
 
@@ -154,12 +129,16 @@ def activation_bytes(
     model: ModelSpec, cfg: ParallelConfig, layers: tuple[Layer, ...], pipeline_stage: int = 0
 ) -> float:
     """Activations of one pipeline stage at its peak (see `in_flight_micro_batches`)."""
-    from zsim.model import _Shape  # the tensor account lives with the model's shapes
-
-    shape = _Shape(model, cfg.micro_batch, cfg.tp, cfg.sequence_parallel, cfg.precision.bytes)
     per_layer = []
     for layer in layers:
-        saved = shape.saved(layer.kind, cfg.flash_attention)
+        saved = model.saved_tensors(
+            layer,
+            cfg.micro_batch,
+            cfg.tp,
+            cfg.sequence_parallel,
+            cfg.flash_attention,
+            cfg.precision.bytes,
+        )
         if cfg.recompute is Recompute.SELECTIVE and layer.kind is LayerKind.BLOCK:
             saved = {k: v for k, v in saved.items() if k not in _SELECTIVE_DROPS}
         per_layer.append((layer.kind, sum(saved.values())))
@@ -206,7 +185,7 @@ def comm_buffer_bytes(model: ModelSpec, cfg: ParallelConfig, layers: tuple[Layer
 
 def ledger(model: ModelSpec, cfg: ParallelConfig, pipeline_stage: int = 0) -> MemoryLedger:
     """The ledger of one rank of `pipeline_stage`."""
-    layers = stage_layers(model, cfg.pp, pipeline_stage)
+    layers = rank_layers(model, cfg, pipeline_stage)
     params = sum(layer.params(cfg.tp) for layer in layers)
     p, g, o, host = model_state_bytes(params, cfg)
     acts = (

@@ -43,6 +43,10 @@ class ParamTensor:
     numel: int
     tp_sharded: bool
 
+    def per_rank(self, tp: int) -> int:
+        """Elements one tensor-parallel rank holds (sharded tensors rounded up)."""
+        return math.ceil(self.numel / tp) if self.tp_sharded else self.numel
+
 
 @dataclass(frozen=True)
 class ComputeOp:
@@ -67,7 +71,7 @@ class Layer:
 
     def params(self, tp: int = 1) -> int:
         """Parameters held by one tensor-parallel rank (sharded tensors rounded up)."""
-        return sum(math.ceil(t.numel / tp) if t.tp_sharded else t.numel for t in self.tensors)
+        return sum(t.per_rank(tp) for t in self.tensors)
 
 
 @dataclass(frozen=True)
@@ -245,6 +249,19 @@ class ModelSpec:
 
     # ---- activations ------------------------------------------------------------------------
 
+    def saved_tensors(
+        self,
+        layer: Layer,
+        micro_batch: int,
+        tp: int = 1,
+        seq_parallel: bool = False,
+        flash_attention: bool = False,
+        dtype_bytes: int = 2,
+    ) -> dict[str, float]:
+        """Bytes of each tensor one layer saves for backward, per micro-batch, on one TP rank."""
+        shape = _Shape(self, micro_batch, tp, seq_parallel, dtype_bytes)
+        return shape.saved(layer.kind, flash_attention)
+
     def activation_bytes(
         self,
         layer: Layer,
@@ -255,8 +272,10 @@ class ModelSpec:
         dtype_bytes: int = 2,
     ) -> int:
         """Bytes of tensors one layer saves for backward, per micro-batch, on one TP rank."""
-        shape = _Shape(self, micro_batch, tp, seq_parallel, dtype_bytes)
-        return int(sum(shape.saved(layer.kind, flash_attention).values()))
+        saved = self.saved_tensors(
+            layer, micro_batch, tp, seq_parallel, flash_attention, dtype_bytes
+        )
+        return int(sum(saved.values()))
 
     def layer_input_bytes(
         self, micro_batch: int, tp: int = 1, seq_parallel: bool = False, dtype_bytes: int = 2

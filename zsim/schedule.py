@@ -35,13 +35,11 @@ from zsim.calibrate.keys import ADAM_STEP_BYTES_PER_PARAM, layer_time_key
 from zsim.collective_model import CollectiveOp
 from zsim.errors import InputError
 from zsim.hardware import DeviceProfile
-from zsim.memory import stage_layers
-from zsim.model import ComputeOp, Layer, LayerKind, ModelSpec, ParamTensor, module_of
-from zsim.parallel import Offload, ParallelConfig, PipelineSchedule, Recompute, ZeroStage
+from zsim.layout import layer_passes, rank_chunks
+from zsim.model import ComputeOp, Layer, LayerKind, ModelSpec
+from zsim.parallel import Offload, ParallelConfig, PipelineSchedule, ZeroStage
 
 MEMORY_OPT_ALLREDUCE_SIZE = 500_000_000  # deepspeed/runtime/constants.py, stage-0 buckets
-RECOMPUTED = (LayerKind.BLOCK, LayerKind.LINEAR)  # what full recompute checkpoints
-SELECTIVE_OPS = ("attn_scores", "softmax_dropout", "attn_values")  # Korthikanti et al.
 
 
 class Stream(StrEnum):
@@ -177,9 +175,7 @@ class _Builder:
         self.dtype = str(cfg.precision)
         self.d = cfg.precision.bytes
         self.v = cfg.virtual_stages
-        self.chunks = [
-            stage_layers(model, cfg.pp * self.v, c * cfg.pp + stage) for c in range(self.v)
-        ]
+        self.chunks = rank_chunks(model, cfg, stage)
         self.gloo = gloo
         self.bucket = _Bucket()
         self.last_reduce: Task | None = None
@@ -229,12 +225,6 @@ class _Builder:
         if measured is None or modelled <= 0:
             return 1.0
         return (measured.forward_s if forward else measured.backward_s) / modelled
-
-    def layer_ops(self, layer: Layer) -> tuple[ComputeOp, ...]:
-        c = self.cfg
-        return self.model.forward_ops(
-            layer, c.micro_batch, c.tp, c.sequence_parallel, c.flash_attention, self.d
-        )
 
     # -- tensor parallelism (Megatron) --
 
@@ -319,57 +309,28 @@ class _Builder:
             last = [*last, overlapped]
         return last[0] if len(last) == 1 else self.compute(f"{tag}.join", 0.0, category, last)
 
-    def backward_op_list(self, layer: Layer) -> tuple[tuple[ComputeOp, ...], tuple[ComputeOp, ...]]:
-        """(ops replayed by recompute, backward ops) of one layer."""
-        fwd = self.layer_ops(layer)
-        replay: tuple[ComputeOp, ...] = ()
-        if self.cfg.recompute is Recompute.FULL and layer.kind in RECOMPUTED:
-            replay = fwd
-        elif self.cfg.recompute is Recompute.SELECTIVE and layer.kind is LayerKind.BLOCK:
-            replay = tuple(op for op in fwd if op.name in SELECTIVE_OPS)
-        return replay, self.model.backward_ops(tuple(reversed(fwd)))
-
     def forward_layer(self, layer: Layer, deps: list[Task], tag: str) -> Task:
-        return self.run_ops(layer, self.layer_ops(layer), True, Category.FORWARD, deps, tag)
+        return self.run_ops(
+            layer,
+            layer_passes(self.model, self.cfg, layer).forward,
+            True,
+            Category.FORWARD,
+            deps,
+            tag,
+        )
 
     def backward_layer(self, layer: Layer, deps: list[Task], tag: str) -> Task:
-        replay, bwd = self.backward_op_list(layer)
+        passes = layer_passes(self.model, self.cfg, layer)
+        replay, bwd = passes.replay, passes.backward
         if replay:
             deps = [self.run_ops(layer, replay, True, Category.RECOMPUTE, deps, f"{tag}.re")]
         return self.run_ops(layer, bwd, False, Category.BACKWARD, deps, tag)
 
     # -- ZeRO-3 parameter gathering --
 
-    def module_numels(self, layer: Layer, module: str) -> tuple[int, int]:
-        """(numel to gather, all numel) of a submodule's parameters on this TP rank."""
-        threshold = self.cfg.knobs.param_persistence_threshold
-        sizes = [self.tensor_numel(t) for t in layer.tensors if module_of(t) == module]
-        return sum(n for n in sizes if n > threshold), sum(sizes)
-
-    def tensor_numel(self, tensor: ParamTensor) -> int:
-        return -(-tensor.numel // self.cfg.tp) if tensor.tp_sharded else tensor.numel
-
-    def micro_step_trace(self, layers: Sequence[Layer]) -> list[zero3.Use]:
-        """The module uses of one forward and backward, in the order the hooks fire."""
-        passes: list[tuple[Layer, tuple[ComputeOp, ...]]] = [(x, self.layer_ops(x)) for x in layers]
-        for x in reversed(layers):
-            replay, bwd = self.backward_op_list(x)
-            passes.append((x, replay + bwd))
-        trace: list[zero3.Use] = []
-        for layer, ops in passes:
-            previous = None
-            for op in ops:
-                for module in op.modules:
-                    gathered, total = self.module_numels(layer, module)
-                    if total and (layer.name, module) != previous:
-                        key = (layer.name, module)
-                        trace.append(zero3.Use(key, gathered, total, persistent=not gathered))
-                        previous = key
-        return trace
-
     def zero3_start(self, layers: Sequence[Layer]) -> None:
         """Replay DeepSpeed's coordinator over this micro-step (forward + backward)."""
-        trace = self.micro_step_trace(layers)
+        trace = zero3.module_trace(self.model, self.cfg, layers)
         self.z3_trace = trace
         self.z3_gathers = {}
         for g in zero3.replay(trace, self.cfg.knobs).gathers:
@@ -385,7 +346,7 @@ class _Builder:
         waits: list[Task] = []
         for module in op.modules:
             key = (layer.name, module)
-            if key == self.z3_current or not self.module_numels(layer, module)[1]:
+            if key == self.z3_current or not zero3.module_numels(layer, module, self.cfg)[1]:
                 continue
             self.z3_current = key
             for g in self.z3_gathers.pop(self.z3_pos, []):
@@ -429,7 +390,7 @@ class _Builder:
         stage3.py:1569-1645)."""
         size = self.cfg.knobs.reduce_bucket_size
         for tensor in reversed(layer.tensors):
-            numel = self.tensor_numel(tensor)
+            numel = tensor.per_rank(self.cfg.tp)
             if self.bucket.numel and self.bucket.numel + numel > size:
                 self.flush_bucket()
             self.bucket.numel += numel
@@ -472,7 +433,7 @@ class _Builder:
             return [self.last_reduce] if self.last_reduce else deps
         last, numel = deps, 0
         for i, t in enumerate(tensors):
-            numel += self.tensor_numel(t)
+            numel += t.per_rank(self.cfg.tp)
             if numel > MEMORY_OPT_ALLREDUCE_SIZE or i == len(tensors) - 1:
                 comm = Comm(CollectiveOp.ALL_REDUCE, numel * self.d, Group.DP)
                 last = [self.comm("grad_allreduce", comm, Category.GRAD_REDUCE, last)]
@@ -569,10 +530,10 @@ class _Builder:
         for chunk in self.chunks:
             for layer in chunk:
                 for t in layer.tensors:
-                    if self.tensor_numel(t) <= threshold:
+                    if t.per_rank(self.cfg.tp) <= threshold:
                         comm = Comm(
                             CollectiveOp.ALL_GATHER,
-                            self.padded(self.tensor_numel(t)) * self.d,
+                            self.padded(t.per_rank(self.cfg.tp)) * self.d,
                             Group.DP,
                         )
                         self.comm(

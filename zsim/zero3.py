@@ -22,7 +22,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from zsim.parallel import ZeroKnobs
+from zsim.layout import layer_passes
+from zsim.model import ComputeOp, Layer, ModelSpec, module_of
+from zsim.parallel import ParallelConfig, ZeroKnobs
 
 Key = tuple[str, str]  # (layer, module)
 
@@ -105,3 +107,33 @@ def _released(
             return False
         traversed += later.span
     return True
+
+
+def module_numels(layer: Layer, module: str, cfg: ParallelConfig) -> tuple[int, int]:
+    """(elements to gather, all elements) of a submodule's parameters on one TP rank;
+    parameters of at most stage3_param_persistence_threshold elements stay gathered."""
+    threshold = cfg.knobs.param_persistence_threshold
+    sizes = [t.per_rank(cfg.tp) for t in layer.tensors if module_of(t) == module]
+    return sum(n for n in sizes if n > threshold), sum(sizes)
+
+
+def module_trace(model: ModelSpec, cfg: ParallelConfig, layers: Sequence[Layer]) -> list[Use]:
+    """The module uses of one micro-step (forward, then backward with any recompute), in the
+    order DeepSpeed's hooks fire: one use per run of kernels reading the same submodule."""
+    passes: list[tuple[Layer, tuple[ComputeOp, ...]]] = []
+    for x in layers:
+        passes.append((x, layer_passes(model, cfg, x).forward))
+    for x in reversed(layers):
+        p = layer_passes(model, cfg, x)
+        passes.append((x, p.replay + p.backward))
+    trace: list[Use] = []
+    for layer, ops in passes:
+        previous: Key | None = None
+        for op in ops:
+            for module in op.modules:
+                gathered, total = module_numels(layer, module, cfg)
+                key = (layer.name, module)
+                if total and key != previous:
+                    trace.append(Use(key, gathered, total, persistent=not gathered))
+                    previous = key
+    return trace
