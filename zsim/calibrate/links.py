@@ -147,7 +147,7 @@ def fit_links(topo: Topology, rows: Sequence[tuple[int, Measurement]]) -> LinkMo
         preset_bw = float(topo.bandwidth_bytes_per_s[[c is cls for c in topo.link_class]][0])
         links[str(cls)] = LinkFit(
             latency_s=float(values.get(("latency", cls), 0.0)),
-            bandwidth_bytes_per_s=1.0 / inv if inv > 0 else preset_bw,
+            bandwidth_bytes_per_s=float(1.0 / inv) if inv > 0 else preset_bw,
         )
     call_latency = float(values[("call", None)])
     fitted = DeviceProfile(
@@ -162,7 +162,7 @@ def fit_links(topo: Topology, rows: Sequence[tuple[int, Measurement]]) -> LinkMo
         call_latency_s=call_latency,
     )
     final = apply_profile(topo, fitted)
-    predictions = {i: estimate_s(final, c) for (i, _), c in zip(rows, calls, strict=True)}
+    predictions = {i: float(estimate_s(final, c)) for (i, _), c in zip(rows, calls, strict=True)}
     return LinkModelFit(call_latency, links, predictions)
 
 

@@ -171,7 +171,7 @@ class Plan:
     topology: str = ""  # the measured cluster as a zsim topology name, e.g. 1x2-cpu
     link_classes: dict[str, str] = field(default_factory=dict)  # group -> link class
     warmup: int = 3
-    repeats: int = 15  # samples per row at least, spread over the rounds
+    repeats: int = 9  # samples per row at least, spread over the rounds
     max_repeats: int = 150  # samples per row at most (fast rows get more, for robust medians)
     rounds: int = 3  # passes over the whole set, so a slow spell of a shared host hits every row
     min_sample_s: float = 2e-4  # tiny ops are looped until one sample takes this long
@@ -293,7 +293,7 @@ def default_plan(
         topology=topology,
         link_classes=dict(link_classes or {}),
         warmup=1 if quick else 3,
-        repeats=5 if quick else 15,
+        repeats=5 if quick else 9,
         max_repeats=15 if quick else 150,
         rounds=1 if quick else 3,
         max_row_s=0.3 if quick else 4.0,
