@@ -77,6 +77,7 @@ class Measurement:
     ranks: int = 0  # COLLECTIVE: group size
     link_class: str = ""  # COLLECTIVE: the topology's link class the group's traffic crosses
     inner: int = 1  # calls per timed sample (small ops are timed in loops)
+    cpu_share: float = 0.0  # CPU: CPU time / wall time while timing (< 1: waited); 0 = unknown
 
     def __post_init__(self) -> None:
         require(len(self.samples_s) > 0, "samples_s", self.samples_s, "at least one sample")

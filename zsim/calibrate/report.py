@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
+from zsim.calibrate.plan import Kind
 from zsim.calibrate.profile import Calibration
 
 _console = Console(highlight=False, width=120)
@@ -35,6 +37,17 @@ def summary_rows(cal: Calibration) -> list[tuple[str, str]]:
         ("AdamW (host)", f"{p.host_adam_params_per_s / 1e6:.1f} M params/s"),
         ("layer times", f"{len(p.layer_times)} shapes"),
     ]
+    shares = [
+        r.cpu_share
+        for r in cal.measurements
+        if r.cpu_share > 0 and r.kind not in (Kind.COLLECTIVE,)
+    ]
+    if shares:
+        rows.append(
+            ("CPU share while timing", f"{statistics.median(shares):.2f} (1 = a core per rank)")
+        )
+    if p.call_latency_s is not None:
+        rows.append(("collective call latency", f"{p.call_latency_s * 1e6:.1f} us"))
     for cls, link in p.links.items():
         rows.append(
             (

@@ -20,6 +20,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -59,6 +60,7 @@ class Bench:
         # the all-reduce that takes the max over ranks runs where the backend wants tensors
         self.comm_device = device if self.cuda else torch.device("cpu")
         self.warmup = plan.warmup  # calls before timing: all in the first round, 1 later
+        self.clock = [0.0, 0.0]  # process CPU seconds, wall seconds of timed CPU samples
 
     # ---- timing primitives --------------------------------------------------------------
 
@@ -76,10 +78,24 @@ class Bench:
             end.record()
             end.synchronize()
             return float(start.elapsed_time(end)) / 1e3 / inner
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(inner):
             fn()
-        return (time.perf_counter() - t0) / inner
+        wall = time.perf_counter() - t0
+        self.clock[0] += time.process_time() - c0
+        self.clock[1] += wall
+        return wall / inner
+
+    def cpu_share(self) -> float:
+        """Process CPU time over wall time since the last call (CPU device; 0 on CUDA): below
+        1 when a single-threaded rank waited for a core (other work on the host) or for its
+        peers (collectives)."""
+        (cpu, wall), self.clock = self.clock, [0.0, 0.0]
+        if self.cuda or wall <= 0:
+            return 0.0
+        threads = max(1, torch.get_num_threads())
+        (share,) = self.max_over_ranks([-cpu / wall / threads])  # the least share of any rank
+        return round(-share, 3)
 
     def max_over_ranks(self, values: list[float]) -> list[float]:
         t = torch.tensor(values, dtype=torch.float64, device=self.comm_device)
@@ -233,9 +249,12 @@ class Bench:
             end.record()
             end.synchronize()
             return float(start.elapsed_time(end)) / 1e3, out
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = fn()
-        return time.perf_counter() - t0, out
+        wall = time.perf_counter() - t0
+        self.clock[0] += time.process_time() - c0
+        self.clock[1] += wall
+        return wall, out
 
     def _layer_forward(
         self, model: ModelSpec, kind: LayerKind, mb: int
@@ -361,7 +380,17 @@ def merge(before: list[Measurement], new: list[Measurement]) -> list[Measurement
     """The rows of one more round appended to the same rows of the earlier rounds."""
     if not before:
         return new
-    return [a.with_samples(a.samples_s + b.samples_s) for a, b in zip(before, new, strict=True)]
+    n = len(before[0].samples_s)
+    return [
+        replace(
+            a,
+            samples_s=a.samples_s + b.samples_s,
+            cpu_share=round(
+                (a.cpu_share * n + b.cpu_share * len(b.samples_s)) / (n + len(b.samples_s)), 3
+            ),
+        )
+        for a, b in zip(before, new, strict=True)
+    ]
 
 
 def _event() -> Any:
@@ -505,7 +534,10 @@ def main(argv: list[str] | None = None) -> int:
                 done = round_ * len(work) + i
                 print(f"{PROGRESS} {done} {total} round {round_ + 1}: {label}", flush=True)
             dist.barrier()
-            results[i] = merge(results[i], task())
+            bench.cpu_share()
+            rows = task()
+            share = bench.cpu_share()
+            results[i] = merge(results[i], [replace(r, cpu_share=share) for r in rows])
     rows = [row for task_rows in results for row in task_rows]
     if dist.get_rank() == 0:
         print(f"{PROGRESS} {total} {total} done", flush=True)
