@@ -11,7 +11,7 @@ when all members have reached them.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 
 import simpy
@@ -60,7 +60,6 @@ class Engine:
         self.env = comms.env
         self.comms = comms
         self.grid = grid
-        self.programs = programs
         self.v = virtual_stages
         self.full = full
         self.spans: list[Span] = []
@@ -76,6 +75,8 @@ class Engine:
             for d, p, t in itertools.product(range(grid.dp), range(grid.pp), range(grid.tp))
         }
         self._replicas: dict[tuple[int, Group], list[tuple[int, ...]]] = {}
+        self._contending: dict[tuple[tuple[int, ...], CollectiveOp], list[tuple[int, ...]]] = {}
+        self.programs = programs
         self._sends: dict[tuple[int, int], list[tuple[int, int]]] = {}
 
     def _simulated_ranks(self) -> tuple[int, ...]:
@@ -108,6 +109,17 @@ class Engine:
         if (rank, group) not in self._replicas:
             self._replicas[(rank, group)] = self._find_replicas(rank, group)
         return self._replicas[(rank, group)]
+
+    def contending_replicas(self, members: tuple[int, ...], comm: Comm) -> list[tuple[int, ...]]:
+        """Replica groups whose flows would share a link with this collective's."""
+        key = (members, comm.op)
+        if key not in self._contending:
+            self._contending[key] = [
+                grp
+                for grp in self.replicas(members[0], comm.group)
+                if self.comms.shares_links(comm.op, members, grp)
+            ]
+        return self._contending[key]
 
     def _find_replicas(self, rank: int, group: Group) -> list[tuple[int, ...]]:
         _, pp_i, _ = self.coords(rank)
@@ -155,8 +167,33 @@ class Engine:
                 yield self.env.timeout(task.duration_s)
             else:
                 yield self.communicate(rank, task)
-            self.record(rank, task, start)
+            if task.parts:
+                self.record_parts(rank, task, start)
+            else:
+                self.record(rank, task, start)
             self.done[(rank, task.index)].succeed()
+
+    def record_parts(self, rank: int, task: Task, start: float) -> None:
+        """A fused task: one span per part; its collectives' traffic is booked here."""
+        for part in task.parts:
+            nbytes = 0.0
+            if part.comm is not None:
+                nbytes = part.comm.nbytes
+                members = self.group_of(rank, part.comm.group)
+                call = CollectiveCall(part.comm.op, nbytes, members, root=part.comm.root)
+                self.book(call, part.category, (rank,))
+            begin = start + part.start_s
+            self.spans.append(
+                Span(
+                    rank,
+                    task.stream,
+                    part.name,
+                    str(part.category),
+                    begin,
+                    begin + part.duration_s,
+                    nbytes,
+                )
+            )
 
     def record(self, rank: int, task: Task, start: float) -> None:
         nbytes = task.comm.nbytes if task.comm else 0.0
@@ -200,9 +237,8 @@ class Engine:
         call = CollectiveCall(comm.op, comm.nbytes, members, root=comm.root)
         self.book(call, task.category, members)
         first = self.comms.run(call)
-        for group in self.replicas(members[0], comm.group):
-            if self.comms.shares_links(comm.op, members, group):
-                self.comms.collective(comm.op, comm.nbytes, group, root=comm.root)
+        for group in self.contending_replicas(members, comm):
+            self.comms.collective(comm.op, comm.nbytes, group, root=comm.root)
         yield first
         done.succeed()
 
@@ -255,3 +291,29 @@ class Engine:
 
 def _trigger(event: simpy.Event) -> None:
     event.succeed()
+
+
+def tp_fixed_time(grid: RankGrid, comms: Communicator) -> Callable[[Comm], float] | None:
+    """Closed-form times for tensor-parallel collectives, when TP groups use links that no
+    other TP group and no DP/PP traffic uses (then the closed form equals their flow
+    simulation on an uncontended ring); None when they contend."""
+    if grid.tp == 1:
+        return None
+    op = CollectiveOp.ALL_REDUCE
+    tp_groups = grid.groups(GroupKind.TP)
+    seen: set[int] = set()
+    for group in tp_groups:
+        links = comms.links_of(CollectiveCall(op, 1.0, group))
+        if not seen.isdisjoint(links):
+            return None
+        seen |= links
+    others = [
+        grp for kind in (GroupKind.DP, GroupKind.PP) for grp in grid.groups(kind) if len(grp) > 1
+    ]
+    if any(not seen.isdisjoint(comms.links_of(CollectiveCall(op, 1.0, grp))) for grp in others):
+        return None
+
+    def seconds(comm: Comm) -> float:
+        return comms.plan(CollectiveCall(comm.op, comm.nbytes, tp_groups[0])).closed_form_s
+
+    return seconds

@@ -7,6 +7,7 @@ same placement and the same recompute policy.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 from zsim.model import ComputeOp, Layer, LayerKind, ModelKind, ModelSpec
 from zsim.parallel import ParallelConfig, Recompute
@@ -59,6 +60,7 @@ class Passes:
     backward: tuple[ComputeOp, ...]
 
 
+@cache
 def layer_passes(model: ModelSpec, cfg: ParallelConfig, layer: Layer) -> Passes:
     fwd = model.forward_ops(
         layer,

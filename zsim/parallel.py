@@ -98,6 +98,8 @@ class ParallelConfig:
     knobs: ZeroKnobs = field(default_factory=ZeroKnobs)
 
     def __post_init__(self) -> None:
+        for name, kind in _ENUM_FIELDS.items():  # accept "full", 3, ... from Python callers
+            object.__setattr__(self, name, _as_enum(name, getattr(self, name), kind))
         for name in ("dp", "tp", "pp", "micro_batch", "grad_accum", "virtual_stages"):
             positive_int(name, getattr(self, name))
         require(
@@ -146,6 +148,23 @@ class ParallelConfig:
         if self.knobs.overlap_comm is None:
             return self.zero_stage is ZeroStage.PARAMETERS
         return self.knobs.overlap_comm
+
+
+_ENUM_FIELDS: dict[str, type[Any]] = {
+    "zero_stage": ZeroStage,
+    "precision": Precision,
+    "recompute": Recompute,
+    "offload": Offload,
+    "pp_schedule": PipelineSchedule,
+}
+
+
+def _as_enum(name: str, value: Any, kind: type[Any]) -> Any:
+    try:
+        return kind(value)
+    except ValueError:
+        allowed = ", ".join(str(e.value) for e in kind)
+        raise InputError(name, value, f"one of {allowed}") from None
 
 
 def resolve_batch(

@@ -26,9 +26,11 @@ parallelism) inside each layer; pipelines follow GPipe, 1F1B or interleaved 1F1B
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from functools import partial
+from typing import Protocol, TypeVar
 
 from zsim import zero3
 from zsim.calibrate.keys import ADAM_STEP_BYTES_PER_PARAM, layer_time_key
@@ -86,6 +88,18 @@ class Comm:
     root: int = 0  # reduce: the owner (index in the group)
 
 
+@dataclass(frozen=True)
+class Part:
+    """A piece of a fused task: what ran, on which stream, from `start_s` after it began."""
+
+    name: str
+    category: Category
+    stream: Stream
+    start_s: float
+    duration_s: float
+    comm: Comm | None = None
+
+
 @dataclass(eq=False)
 class Task:
     name: str
@@ -96,6 +110,7 @@ class Task:
     deps: list[Task] = field(default_factory=list)
     receives: bool = False  # a recv: completes when the matching send's data has arrived
     index: int = 0
+    parts: tuple[Part, ...] = ()  # set when consecutive fixed-time tasks were fused
 
     def __repr__(self) -> str:
         return f"Task({self.index}:{self.name})"
@@ -112,6 +127,65 @@ class Program:
         task.index = len(self.tasks)
         self.tasks.append(task)
         return task
+
+
+# ---- emitting work: as tasks, or as timed parts of one fused task ---------------------------
+
+H = TypeVar("H")
+
+
+class Emitter(Protocol[H]):
+    def compute(
+        self,
+        name: str,
+        seconds: float,
+        category: Category,
+        deps: Sequence[H],
+        stream: Stream = Stream.COMPUTE,
+    ) -> H: ...
+
+    def comm(
+        self,
+        name: str,
+        comm: Comm,
+        category: Category,
+        deps: Sequence[H],
+        stream: Stream = Stream.COMPUTE,
+    ) -> H: ...
+
+
+class _PartTimer:
+    """Times work with fixed durations as streams would run it; handles are end times."""
+
+    def __init__(self, comm_time: Callable[[Comm], float]) -> None:
+        self.comm_time = comm_time
+        self.parts: list[Part] = []
+        self.free: dict[Stream, float] = {}
+
+    def compute(
+        self,
+        name: str,
+        seconds: float,
+        category: Category,
+        deps: Sequence[float],
+        stream: Stream = Stream.COMPUTE,
+        comm: Comm | None = None,
+    ) -> float:
+        start = max([self.free.get(stream, 0.0), *deps])
+        self.free[stream] = start + seconds
+        if seconds > 0:
+            self.parts.append(Part(name, category, stream, start, seconds, comm))
+        return start + seconds
+
+    def comm(
+        self,
+        name: str,
+        comm: Comm,
+        category: Category,
+        deps: Sequence[float],
+        stream: Stream = Stream.COMPUTE,
+    ) -> float:
+        return self.compute(name, self.comm_time(comm), category, deps, stream, comm)
 
 
 # ---- pipeline order -----------------------------------------------------------------------
@@ -168,7 +242,13 @@ class _Bucket:
 
 class _Builder:
     def __init__(
-        self, model: ModelSpec, cfg: ParallelConfig, device: DeviceProfile, stage: int, gloo: bool
+        self,
+        model: ModelSpec,
+        cfg: ParallelConfig,
+        device: DeviceProfile,
+        stage: int,
+        gloo: bool,
+        tp_time: Callable[[Comm], float] | None,
     ):
         self.model, self.cfg, self.device, self.stage = model, cfg, device, stage
         self.program = Program(stage)
@@ -180,6 +260,9 @@ class _Builder:
         self.bucket = _Bucket()
         self.last_reduce: Task | None = None
         self.reduced_in_hooks = False
+        self._seconds: dict[tuple[ComputeOp, ...], float] = {}
+        self.tp_time = tp_time  # fixed TP collective times: whole passes become one task
+        self._templates: dict[tuple[Layer, bool], tuple[tuple[Part, ...], float]] = {}
         # ZeRO-3: the gathers DeepSpeed issues at each trace position, and those in flight
         self.z3_gathers: dict[int, list[zero3.Gather]] = {}
         self.z3_inflight: dict[tuple[str, str], Task] = {}
@@ -212,7 +295,10 @@ class _Builder:
         return self.program.add(Task(name, stream, category, comm=comm, deps=list(deps)))
 
     def op_seconds(self, ops: Sequence[ComputeOp]) -> float:
-        return sum(self.device.op_time_s(op, self.dtype) for op in ops)
+        key = tuple(ops)
+        if key not in self._seconds:
+            self._seconds[key] = sum(self.device.op_time_s(op, self.dtype) for op in ops)
+        return self._seconds[key]
 
     def measured_scale(self, layer: Layer, forward: bool, ops: Sequence[ComputeOp]) -> float:
         """Calibrated layer times replace the roofline: scale each segment by measured/modelled."""
@@ -265,29 +351,32 @@ class _Builder:
 
     def run_ops(
         self,
+        emit: Emitter[H],
         layer: Layer,
         ops: Sequence[ComputeOp],
         forward: bool,
         category: Category,
-        deps: list[Task],
+        deps: list[H],
         tag: str,
-    ) -> Task:
-        """Compute segments, split at TP communication points and ZeRO-3 gathers."""
+        gather: Callable[[ComputeOp, list[H]], list[H]] | None = None,
+    ) -> H:
+        """Compute segments, split at TP communication points and (through `gather`) ZeRO-3
+        parameter gathers; `emit` makes tasks, or times a fused pass."""
         scale = self.measured_scale(layer, forward, ops)
         points = self.tp_points(forward)
         segment: list[ComputeOp] = []
         last = deps
-        overlapped: Task | None = None  # a TP all-reduce running beside the next wgrad
+        overlapped: H | None = None  # a TP all-reduce running beside the next wgrad
 
         def flush() -> None:
             nonlocal last, segment
             if segment:
                 seconds = scale * self.op_seconds(segment)
-                last = [self.compute(f"{tag}.{segment[0].name}", seconds, category, last)]
+                last = [emit.compute(f"{tag}.{segment[0].name}", seconds, category, last)]
                 segment = []
 
         for op in ops:
-            gathers = self.zero3_use(layer, op, last, tag)
+            gathers = gather(op, last) if gather else []
             if gathers:
                 flush()
                 last = last + gathers
@@ -298,33 +387,78 @@ class _Builder:
             if op.name in points:
                 flush()
                 comm = Comm(points[op.name], self.tp_bytes(), Group.TP)
+                name = f"{tag}.tp_{comm.op}"
                 if not forward and op.name.endswith("_dgrad"):
-                    overlapped = self.comm(
-                        f"{tag}.tp_{comm.op}", comm, Category.TP_COMM, last, Stream.TP
-                    )
+                    overlapped = emit.comm(name, comm, Category.TP_COMM, last, Stream.TP)
                 else:
-                    last = [self.comm(f"{tag}.tp_{comm.op}", comm, Category.TP_COMM, last)]
+                    last = [emit.comm(name, comm, Category.TP_COMM, last)]
         flush()
         if overlapped is not None:
             last = [*last, overlapped]
-        return last[0] if len(last) == 1 else self.compute(f"{tag}.join", 0.0, category, last)
+        return last[0] if len(last) == 1 else emit.compute(f"{tag}.join", 0.0, category, last)
 
-    def forward_layer(self, layer: Layer, deps: list[Task], tag: str) -> Task:
+    def layer_pass(self, layer: Layer, forward: bool, deps: list[Task], tag: str) -> Task:
+        """One layer's forward, or its backward with any recompute replay first."""
+        passes = layer_passes(self.model, self.cfg, layer)
+        gather = partial(self.zero3_use, layer, tag=tag)
+        if forward:
+            return self.run_ops(
+                self, layer, passes.forward, True, Category.FORWARD, deps, tag, gather
+            )
+        if passes.replay:
+            deps = [
+                self.run_ops(
+                    self, layer, passes.replay, True, Category.RECOMPUTE, deps, f"{tag}.re", gather
+                )
+            ]
         return self.run_ops(
-            layer,
-            layer_passes(self.model, self.cfg, layer).forward,
-            True,
-            Category.FORWARD,
-            deps,
-            tag,
+            self, layer, passes.backward, False, Category.BACKWARD, deps, tag, gather
         )
 
-    def backward_layer(self, layer: Layer, deps: list[Task], tag: str) -> Task:
-        passes = layer_passes(self.model, self.cfg, layer)
-        replay, bwd = passes.replay, passes.backward
-        if replay:
-            deps = [self.run_ops(layer, replay, True, Category.RECOMPUTE, deps, f"{tag}.re")]
-        return self.run_ops(layer, bwd, False, Category.BACKWARD, deps, tag)
+    def fused_pass(
+        self, layers: Sequence[Layer], forward: bool, deps: list[Task], tag: str
+    ) -> Task:
+        """A whole forward or backward of a chunk as one task, when every collective inside
+        it takes a fixed time (TP on its own links): the same timing, far fewer events."""
+        parts: list[Part] = []
+        offset = 0.0
+        for layer in layers:
+            layer_parts, seconds = self.pass_template(layer, forward)
+            parts += [
+                replace(p, name=f"{tag}.{p.name}", start_s=p.start_s + offset) for p in layer_parts
+            ]
+            offset += seconds
+        category = Category.FORWARD if forward else Category.BACKWARD
+        task = Task(tag, Stream.COMPUTE, category, offset, deps=deps, parts=tuple(parts))
+        return self.program.add(task)
+
+    def pass_template(self, layer: Layer, forward: bool) -> tuple[tuple[Part, ...], float]:
+        key = (layer, forward)
+        if key not in self._templates:
+            assert self.tp_time is not None  # fused passes need fixed-time TP collectives
+            timer = _PartTimer(self.tp_time)
+            passes = layer_passes(self.model, self.cfg, layer)
+            end = 0.0
+            if forward:
+                end = self.run_ops(
+                    timer, layer, passes.forward, True, Category.FORWARD, [end], layer.name
+                )
+            else:
+                if passes.replay:
+                    end = self.run_ops(
+                        timer,
+                        layer,
+                        passes.replay,
+                        True,
+                        Category.RECOMPUTE,
+                        [end],
+                        f"{layer.name}.re",
+                    )
+                end = self.run_ops(
+                    timer, layer, passes.backward, False, Category.BACKWARD, [end], layer.name
+                )
+            self._templates[key] = (tuple(timer.parts), end)
+        return self._templates[key]
 
     # -- ZeRO-3 parameter gathering --
 
@@ -462,14 +596,16 @@ class _Builder:
         hooks = self.reduces_in_hooks(work.micro_batch == cfg.grad_accum - 1)
         self.reduced_in_hooks |= hooks and not work.forward
         done = deps
-        for layer in layers if work.forward else tuple(reversed(layers)):
-            if work.forward:
-                task = self.forward_layer(layer, done, f"{tag}.{layer.name}")
-            else:
-                task = self.backward_layer(layer, done, f"{tag}.{layer.name}")
-                if hooks:
+        order = layers if work.forward else tuple(reversed(layers))
+        fusable = self.tp_time is not None and not (hooks and not work.forward)
+        if fusable and cfg.zero_stage is not ZeroStage.PARAMETERS:
+            done = [self.fused_pass(order, work.forward, done, tag)]
+        else:
+            for layer in order:
+                task = self.layer_pass(layer, work.forward, done, f"{tag}.{layer.name}")
+                if hooks and not work.forward:
                     self.grads_ready(layer, task)
-            done = [task]
+                done = [task]
         if not work.forward and hooks:
             self.flush_bucket()  # the backward epilogue reduces what is left in the bucket
         ready[tag] = done[0]
@@ -576,11 +712,20 @@ class _Builder:
 
 
 def build_program(
-    model: ModelSpec, cfg: ParallelConfig, device: DeviceProfile, stage: int, gloo: bool = False
+    model: ModelSpec,
+    cfg: ParallelConfig,
+    device: DeviceProfile,
+    stage: int,
+    gloo: bool = False,
+    tp_time: Callable[[Comm], float] | None = None,
 ) -> Program:
-    """The program of every rank of pipeline stage `stage` (they are identical). `gloo`: the
-    CPU backend, where DeepSpeed's streams are no-ops and its calls block."""
-    return _Builder(model, cfg, device, stage, gloo).build()
+    """The program of every rank of pipeline stage `stage` (they are identical).
+
+    `gloo`: the CPU backend, where DeepSpeed's streams are no-ops and its calls block.
+    `tp_time`: when tensor-parallel collectives take a fixed time (their links carry nothing
+    else), passes without other communication are fused into one task each.
+    """
+    return _Builder(model, cfg, device, stage, gloo, tp_time).build()
 
 
 def iter_comm(program: Program) -> Iterator[Task]:

@@ -9,7 +9,7 @@ import simpy
 
 from zsim.calibrate.links import apply_profile
 from zsim.collectives import Communicator
-from zsim.engine import Engine, EngineResult
+from zsim.engine import Engine, EngineResult, tp_fixed_time
 from zsim.fabric import Backend
 from zsim.hardware import DeviceProfile
 from zsim.memory import MemoryLedger, peak_ledger
@@ -88,9 +88,12 @@ def simulate(
     topology = apply_profile(topology, device)  # a calibrated profile's links and call latency
     grid = RankGrid(dp=parallel.dp, pp=parallel.pp, tp=parallel.tp)
     gloo = topology.fabric.backend is Backend.GLOO
-    programs = [build_program(model, parallel, device, s, gloo) for s in range(parallel.pp)]
     env = simpy.Environment()
     comms = Communicator(env, topology)
+    tp_time = tp_fixed_time(grid, comms)
+    programs = [
+        build_program(model, parallel, device, s, gloo, tp_time) for s in range(parallel.pp)
+    ]
     result = Engine(programs, grid, comms, full=full).run()
     step = result.end_s
     stages = tuple(rank_times(result.spans, grid.rank(0, s, 0), step) for s in range(parallel.pp))
