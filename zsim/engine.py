@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import simpy
 
@@ -21,8 +22,7 @@ from zsim.schedule import Category, Comm, Group, Program, Stream, Task
 from zsim.topology import GroupKind, RankGrid
 
 
-@dataclass(frozen=True)
-class Span:
+class Span(NamedTuple):
     """One task's execution on one rank."""
 
     rank: int
@@ -75,6 +75,7 @@ class Engine:
             for d, p, t in itertools.product(range(grid.dp), range(grid.pp), range(grid.tp))
         }
         self._replicas: dict[tuple[int, Group], list[tuple[int, ...]]] = {}
+        self._sent: dict[tuple[CollectiveCall, tuple[int, ...]], float] = {}
         self._contending: dict[tuple[tuple[int, ...], CollectiveOp], list[tuple[int, ...]]] = {}
         self.programs = programs
         self._sends: dict[tuple[int, int], list[tuple[int, int]]] = {}
@@ -244,14 +245,16 @@ class Engine:
 
     def book(self, call: CollectiveCall, category: Category, senders: Sequence[int]) -> None:
         """Bytes the simulated ranks among `senders` put on the network for this call."""
-        simulated = set(senders) & self.simulated
-        sent = sum(
-            f.nbytes * phase.repeat
-            for phase in self.comms.plan(call).phases
-            for f in phase.flows
-            if f.src in simulated
-        )
-        self.traffic[str(category)] = self.traffic.get(str(category), 0.0) + sent
+        key = (call, tuple(senders))
+        if key not in self._sent:
+            simulated = set(senders) & self.simulated
+            self._sent[key] = sum(
+                f.nbytes * phase.repeat
+                for phase in self.comms.plan(call).phases
+                for f in phase.flows
+                if f.src in simulated
+            )
+        self.traffic[category] = self.traffic.get(category, 0.0) + self._sent[key]
 
     def send_replicas(self, rank: int, offset: int) -> list[tuple[int, int]]:
         """The other (dp, tp) replicas' sends of the same activation, where they share links."""

@@ -27,10 +27,10 @@ parallelism) inside each layer; pipelines follow GPipe, 1F1B or interleaved 1F1B
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import partial
-from typing import Protocol, TypeVar
+from typing import NamedTuple, Protocol, TypeVar
 
 from zsim import zero3
 from zsim.calibrate.keys import ADAM_STEP_BYTES_PER_PARAM, layer_time_key
@@ -88,9 +88,9 @@ class Comm:
     root: int = 0  # reduce: the owner (index in the group)
 
 
-@dataclass(frozen=True)
-class Part:
-    """A piece of a fused task: what ran, on which stream, from `start_s` after it began."""
+class Part(NamedTuple):
+    """A piece of a fused task: what ran, on which stream, from `start_s` after it began.
+    (A NamedTuple: a 175B step has hundreds of thousands of them.)"""
 
     name: str
     category: Category
@@ -424,9 +424,7 @@ class _Builder:
         offset = 0.0
         for layer in layers:
             layer_parts, seconds = self.pass_template(layer, forward)
-            parts += [
-                replace(p, name=f"{tag}.{p.name}", start_s=p.start_s + offset) for p in layer_parts
-            ]
+            parts += [p._replace(start_s=p.start_s + offset) for p in layer_parts]
             offset += seconds
         category = Category.FORWARD if forward else Category.BACKWARD
         task = Task(tag, Stream.COMPUTE, category, offset, deps=deps, parts=tuple(parts))

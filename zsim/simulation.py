@@ -9,7 +9,7 @@ import simpy
 
 from zsim.calibrate.links import apply_profile
 from zsim.collectives import Communicator
-from zsim.engine import Engine, EngineResult, tp_fixed_time
+from zsim.engine import Engine, EngineResult, Span, tp_fixed_time
 from zsim.fabric import Backend
 from zsim.hardware import DeviceProfile
 from zsim.memory import MemoryLedger, peak_ledger
@@ -96,7 +96,13 @@ def simulate(
     ]
     result = Engine(programs, grid, comms, full=full).run()
     step = result.end_s
-    stages = tuple(rank_times(result.spans, grid.rank(0, s, 0), step) for s in range(parallel.pp))
+    by_rank: dict[int, list[Span]] = {}
+    for span in result.spans:
+        by_rank.setdefault(span.rank, []).append(span)
+    stages = tuple(
+        rank_times(by_rank.get(rank, []), rank, step)
+        for rank in (grid.rank(0, s, 0) for s in range(parallel.pp))
+    )
     flops, hw_flops = step_flops(model, parallel)
     peak = device.peak_flops.get(str(parallel.precision), 0.0)
     gpus = parallel.world_size

@@ -62,6 +62,7 @@ class RankTimes:
 
 
 def rank_times(spans: Sequence[Span], rank: int, step_s: float) -> RankTimes:
+    """Where `rank`'s step went; `spans` may be all ranks' or (faster) only this rank's."""
     mine = [s for s in spans if s.rank == rank]
     compute = [
         (s.start_s, s.end_s)
