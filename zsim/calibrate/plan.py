@@ -77,7 +77,7 @@ class Measurement:
     ranks: int = 0  # COLLECTIVE: group size
     link_class: str = ""  # COLLECTIVE: the topology's link class the group's traffic crosses
     inner: int = 1  # calls per timed sample (small ops are timed in loops)
-    cpu_share: float = 0.0  # CPU: CPU time / wall time while timing (< 1: waited); 0 = unknown
+    dropped: int = 0  # samples discarded (all ranks): the rank lost its core during them
 
     def __post_init__(self) -> None:
         require(len(self.samples_s) > 0, "samples_s", self.samples_s, "at least one sample")
@@ -282,9 +282,10 @@ def default_plan(
         micro_batches=micro_batches,
         flash_attention=flash_attention,
         gemm_shapes=tuple(sorted(gemms, key=lambda s: (2 * s[0] * s[1] * s[2] * s[3], s))),
-        memory_sizes_bytes=(1024, 4096, 16 * mib)
+        # 64 B and 256 B: the fixed overhead alone; then from cache out to DRAM
+        memory_sizes_bytes=(64, 256, 16 * mib)
         if quick
-        else (1024, 4096, *powers(64 * 1024, 256 * mib)),
+        else (64, 256, *powers(64 * 1024, 256 * mib)),
         host_copy_sizes_bytes=(16 * mib,) if quick else (64 * mib, 128 * mib, 256 * mib),
         adam_params=(2**20,) if quick else (2**22, 2**23, 2**24, 2**25),
         # 8 B: the gradient-norm all_reduce DeepSpeed issues every step

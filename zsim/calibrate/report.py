@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -37,15 +36,11 @@ def summary_rows(cal: Calibration) -> list[tuple[str, str]]:
         ("AdamW (host)", f"{p.host_adam_params_per_s / 1e6:.1f} M params/s"),
         ("layer times", f"{len(p.layer_times)} shapes"),
     ]
-    shares = [
-        r.cpu_share
-        for r in cal.measurements
-        if r.cpu_share > 0 and r.kind not in (Kind.COLLECTIVE,)
-    ]
-    if shares:
-        rows.append(
-            ("CPU share while timing", f"{statistics.median(shares):.2f} (1 = a core per rank)")
-        )
+    timed = [r for r in cal.measurements if r.kind is not Kind.COLLECTIVE]
+    dropped = sum(r.dropped for r in timed)
+    if dropped:
+        total = dropped + sum(len(r.samples_s) for r in timed)
+        rows.append(("samples dropped (rank lost its core)", f"{dropped} of {total}"))
     if p.call_latency_s is not None:
         rows.append(("collective call latency", f"{p.call_latency_s * 1e6:.1f} us"))
     for cls, link in p.links.items():

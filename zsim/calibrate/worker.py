@@ -44,6 +44,7 @@ from zsim.calibrate.plan import (
 )
 from zsim.model import LayerKind, ModelKind, ModelSpec
 
+CONTENDED = 0.9  # a CPU sample whose thread ran less than this share of its wall time
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 Task = tuple[str, Callable[[], list[Measurement]]]
@@ -60,7 +61,10 @@ class Bench:
         # the all-reduce that takes the max over ranks runs where the backend wants tensors
         self.comm_device = device if self.cuda else torch.device("cpu")
         self.warmup = plan.warmup  # calls before timing: all in the first round, 1 later
-        self.clock = [0.0, 0.0]  # process CPU seconds, wall seconds of timed CPU samples
+        # drop samples during which the rank lost its core: possible to tell on CPU when a
+        # rank computes on its calling thread alone (one intra-op thread)
+        self.filter = not self.cuda and torch.get_num_threads() == 1
+        self.share = 1.0  # thread CPU time / wall time of the last CPU sample
 
     # ---- timing primitives --------------------------------------------------------------
 
@@ -69,7 +73,8 @@ class Bench:
             torch.cuda.synchronize(self.device)
 
     def elapsed_s(self, fn: Callable[[], Any], inner: int) -> float:
-        """Seconds per call of `fn`, over `inner` back-to-back calls."""
+        """Seconds per call of `fn`, over `inner` back-to-back calls; on CPU, `self.share` is
+        then the calling thread's CPU time over that wall time."""
         if self.cuda:
             start, end = _event(), _event()
             start.record()
@@ -78,29 +83,43 @@ class Bench:
             end.record()
             end.synchronize()
             return float(start.elapsed_time(end)) / 1e3 / inner
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0 = time.perf_counter(), time.thread_time()
         for _ in range(inner):
             fn()
         wall = time.perf_counter() - t0
-        self.clock[0] += time.process_time() - c0
-        self.clock[1] += wall
+        self.share = (time.thread_time() - c0) / wall if wall > 0 else 1.0
         return wall / inner
-
-    def cpu_share(self) -> float:
-        """Process CPU time over wall time since the last call (CPU device; 0 on CUDA): below
-        1 when a single-threaded rank waited for a core (other work on the host) or for its
-        peers (collectives)."""
-        (cpu, wall), self.clock = self.clock, [0.0, 0.0]
-        if self.cuda or wall <= 0:
-            return 0.0
-        threads = max(1, torch.get_num_threads())
-        (share,) = self.max_over_ranks([-cpu / wall / threads])  # the least share of any rank
-        return round(-share, 3)
 
     def max_over_ranks(self, values: list[float]) -> list[float]:
         t = torch.tensor(values, dtype=torch.float64, device=self.comm_device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return [float(v) for v in t.cpu()]
+
+    def sum_over_ranks(self, value: int) -> int:
+        t = torch.tensor([value], dtype=torch.float64, device=self.comm_device)
+        dist.all_reduce(t)
+        return int(t.item())
+
+    def clean_samples(
+        self, sample: Callable[[], tuple[float, ...]], wanted: int
+    ) -> tuple[list[tuple[float, ...]], int]:
+        """`wanted` samples of this rank, dropping those during which the rank lost its core
+        (thread CPU time < CONTENDED x wall: another process ran) when the rank computes on
+        one thread, up to 4x as many tries; then the least contended of the dropped ones fill
+        up. Returns the samples and how many were dropped."""
+        kept: list[tuple[float, ...]] = []
+        dropped: list[tuple[float, tuple[float, ...]]] = []
+        tries = 0
+        while len(kept) < wanted and tries < 4 * wanted:
+            tries += 1
+            values = sample()
+            if self.filter and self.share < CONTENDED:
+                dropped.append((self.share, values))
+            else:
+                kept.append(values)
+        dropped.sort(key=lambda d: -d[0])
+        kept += [v for _, v in dropped[: wanted - len(kept)]]
+        return kept, len(dropped)
 
     def schedule(self, probe_s: float) -> tuple[int, int]:
         """(calls per sample, samples) for an op whose single call took `probe_s` on the
@@ -112,19 +131,29 @@ class Bench:
         most = math.ceil(self.plan.max_repeats / self.plan.rounds)
         return inner, max(least, min(most, budget))
 
-    def time_op(self, fn: Callable[[], Any], barrier_each: bool = False) -> tuple[list[float], int]:
-        """Warm up, then samples of seconds per call (max over ranks) and calls per sample."""
+    def time_op(
+        self, fn: Callable[[], Any], barrier_each: bool = False
+    ) -> tuple[list[float], int, int]:
+        """Warm up, then samples of seconds per call, calls per sample, samples dropped.
+
+        Collectives (`barrier_each`) run in lockstep: sample i is the same call on every rank
+        and the maximum over ranks is taken per call. Compute runs on every rank at once but
+        is sampled per rank (contended samples dropped): each rank's samples are sorted and
+        the maximum over ranks taken per rank order, the slowest rank's distribution."""
         for _ in range(self.warmup):
             fn()
         self.sync()
         inner, repeats = self.schedule(self.elapsed_s(fn, 1))
-        samples = []
         dist.barrier()
-        for _ in range(repeats):
-            if barrier_each:
+        if barrier_each:
+            samples = []
+            for _ in range(repeats):
                 dist.barrier()
-            samples.append(self.elapsed_s(fn, inner))
-        return self.max_over_ranks(samples), inner
+                samples.append(self.elapsed_s(fn, inner))
+            return self.max_over_ranks(samples), inner, 0
+        kept, dropped = self.clean_samples(lambda: (self.elapsed_s(fn, inner),), repeats)
+        ordered = sorted(v[0] for v in kept)
+        return self.max_over_ranks(ordered), inner, self.sum_over_ranks(dropped)
 
     # ---- compute ------------------------------------------------------------------------
 
@@ -137,11 +166,11 @@ class Bench:
                 torch.randn(k, n, **opts),
                 torch.empty(m, n, **opts),
             )
-            samples, inner = self.time_op(lambda: torch.mm(a, w, out=c))
+            samples, inner, dropped = self.time_op(lambda: torch.mm(a, w, out=c))
         else:
             a, w = torch.randn(b, m, k, **opts), torch.randn(b, k, n, **opts)
             c = torch.empty(b, m, n, **opts)
-            samples, inner = self.time_op(lambda: torch.bmm(a, w, out=c))
+            samples, inner, dropped = self.time_op(lambda: torch.bmm(a, w, out=c))
         op = "mm" if b == 1 else "bmm"
         flops = 2.0 * m * n * k * b
         return [
@@ -153,6 +182,7 @@ class Bench:
                 flops=flops,
                 shape=shape,
                 inner=inner,
+                dropped=dropped,
             )
         ]
 
@@ -165,11 +195,17 @@ class Bench:
             ("add", 3, lambda: torch.add(a, b, out=c)),
             ("copy", 2, lambda: c.copy_(a)),
         ):
-            samples, inner = self.time_op(fn)
+            samples, inner, dropped = self.time_op(fn)
             moved = float(passes * n * _itemsize(self.dtype))
             rows.append(
                 Measurement(
-                    Kind.MEMORY, op, self.plan.dtype, tuple(samples), size_bytes=moved, inner=inner
+                    Kind.MEMORY,
+                    op,
+                    self.plan.dtype,
+                    tuple(samples),
+                    size_bytes=moved,
+                    inner=inner,
+                    dropped=dropped,
                 )
             )
         return rows
@@ -181,7 +217,7 @@ class Bench:
             opts: dict[str, Any] = {"dtype": self.dtype, "device": self.device}
             q, k, v = (torch.randn(*shape, **opts) for _ in range(3))
             sdpa = partial(F.scaled_dot_product_attention, q, k, v, is_causal=True)
-            samples, inner = self.time_op(sdpa)
+            samples, inner, dropped = self.time_op(sdpa)
             rows.append(
                 Measurement(
                     Kind.ATTENTION,
@@ -191,6 +227,7 @@ class Bench:
                     flops=op.flops,
                     micro_batch=mb,
                     inner=inner,
+                    dropped=dropped,
                 )
             )
         return rows
@@ -204,21 +241,29 @@ class Bench:
             for p in params:
                 p.grad = None
             f_s, out = self._timed(forward)
+            share = self.share
             grad = None if out.dim() == 0 else torch.ones_like(out)
             b_s, _ = self._timed(partial(out.backward, grad))
+            self.share = min(share, self.share)
             return f_s, b_s
+
+        def sample() -> tuple[float, ...]:
+            f_s, b_s, share = 0.0, 0.0, 1.0
+            for _ in range(inner):
+                f, b = step()
+                f_s, b_s, share = f_s + f, b_s + b, min(share, self.share)
+            self.share = share
+            return f_s / inner, b_s / inner
 
         for _ in range(self.warmup):
             step()
         f0, b0 = step()
         inner, repeats = self.schedule(f0 + b0)
-        fwd, bwd = [], []
         dist.barrier()
-        for _ in range(repeats):
-            pairs = [step() for _ in range(inner)]
-            fwd.append(sum(p[0] for p in pairs) / inner)
-            bwd.append(sum(p[1] for p in pairs) / inner)
-        fwd, bwd = self.max_over_ranks(fwd), self.max_over_ranks(bwd)
+        kept, dropped = self.clean_samples(sample, repeats)
+        fwd = self.max_over_ranks(sorted(v[0] for v in kept))
+        bwd = self.max_over_ranks(sorted(v[1] for v in kept))
+        dropped = self.sum_over_ranks(dropped)
         key = layer_time_key(model, kind, mb, self.plan.dtype, 1, self.plan.flash_attention)
         return [
             Measurement(
@@ -229,6 +274,7 @@ class Bench:
                 layer_key=key,
                 micro_batch=mb,
                 inner=inner,
+                dropped=dropped,
             ),
             Measurement(
                 Kind.LAYER_BACKWARD,
@@ -238,6 +284,7 @@ class Bench:
                 layer_key=key,
                 micro_batch=mb,
                 inner=inner,
+                dropped=dropped,
             ),
         ]
 
@@ -249,11 +296,10 @@ class Bench:
             end.record()
             end.synchronize()
             return float(start.elapsed_time(end)) / 1e3, out
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0 = time.perf_counter(), time.thread_time()
         out = fn()
         wall = time.perf_counter() - t0
-        self.clock[0] += time.process_time() - c0
-        self.clock[1] += wall
+        self.share = (time.thread_time() - c0) / wall if wall > 0 else 1.0
         return wall, out
 
     def _layer_forward(
@@ -286,7 +332,7 @@ class Bench:
         n = size_bytes // 4
         if not self.cuda:
             src, dst = torch.randn(n), torch.empty(n)
-            samples, inner = self.time_op(lambda: dst.copy_(src))
+            samples, inner, dropped = self.time_op(lambda: dst.copy_(src))
             return [
                 Measurement(
                     Kind.HOST_COPY,
@@ -295,6 +341,7 @@ class Bench:
                     tuple(samples),
                     size_bytes=float(n * 4),
                     inner=inner,
+                    dropped=dropped,
                 )
             ]
         host = torch.randn(n).pin_memory()
@@ -304,7 +351,7 @@ class Bench:
             ("h2d", lambda: dev.copy_(host, non_blocking=True)),
             ("d2h", lambda: host.copy_(dev, non_blocking=True)),
         ):
-            samples, inner = self.time_op(fn)
+            samples, inner, dropped = self.time_op(fn)
             rows.append(
                 Measurement(
                     Kind.HOST_COPY, op, "fp32", tuple(samples), size_bytes=float(n * 4), inner=inner
@@ -324,9 +371,17 @@ class Bench:
             p = nn.Parameter(torch.zeros(params, device=place))
             p.grad = torch.randn(params, device=place)
             opt = torch.optim.AdamW([p], lr=1e-4, foreach=None, fused=place.type == "cuda" or None)
-            samples, inner = self.time_op(opt.step)
+            samples, inner, dropped = self.time_op(opt.step)
             rows.append(
-                Measurement(Kind.OPTIMIZER, op, "fp32", tuple(samples), params=params, inner=inner)
+                Measurement(
+                    Kind.OPTIMIZER,
+                    op,
+                    "fp32",
+                    tuple(samples),
+                    params=params,
+                    inner=inner,
+                    dropped=dropped,
+                )
             )
         return rows
 
@@ -360,7 +415,7 @@ class Bench:
             call()
             self.sync()
 
-        samples, inner = self.time_op(fn, barrier_each=True)
+        samples, inner, dropped = self.time_op(fn, barrier_each=True)
         return [
             Measurement(
                 Kind.COLLECTIVE,
@@ -372,6 +427,7 @@ class Bench:
                 ranks=n,
                 link_class=self.plan.link_classes.get(name, ""),
                 inner=inner,
+                dropped=dropped,
             )
         ]
 
@@ -380,15 +436,8 @@ def merge(before: list[Measurement], new: list[Measurement]) -> list[Measurement
     """The rows of one more round appended to the same rows of the earlier rounds."""
     if not before:
         return new
-    n = len(before[0].samples_s)
     return [
-        replace(
-            a,
-            samples_s=a.samples_s + b.samples_s,
-            cpu_share=round(
-                (a.cpu_share * n + b.cpu_share * len(b.samples_s)) / (n + len(b.samples_s)), 3
-            ),
-        )
+        replace(a, samples_s=a.samples_s + b.samples_s, dropped=a.dropped + b.dropped)
         for a, b in zip(before, new, strict=True)
     ]
 
@@ -534,10 +583,7 @@ def main(argv: list[str] | None = None) -> int:
                 done = round_ * len(work) + i
                 print(f"{PROGRESS} {done} {total} round {round_ + 1}: {label}", flush=True)
             dist.barrier()
-            bench.cpu_share()
-            rows = task()
-            share = bench.cpu_share()
-            results[i] = merge(results[i], [replace(r, cpu_share=share) for r in rows])
+            results[i] = merge(results[i], task())
     rows = [row for task_rows in results for row in task_rows]
     if dist.get_rank() == 0:
         print(f"{PROGRESS} {total} {total} done", flush=True)
