@@ -20,7 +20,7 @@ $(VENV)/.full: pyproject.toml | $(VENV)/bin/python
 	touch $@ $(VENV)/.core
 
 run: $(VENV)/.core
-	$(VENV)/bin/zsim memory --model gpt-1.3b --dp 8 --micro-batch 4
+	$(VENV)/bin/zsim run
 
 lint: $(VENV)/.full
 	$(VENV)/bin/ruff check .
