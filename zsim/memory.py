@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from zsim import zero3
 from zsim.layout import rank_layers
 from zsim.model import Layer, LayerKind, ModelKind, ModelSpec
 from zsim.parallel import (
@@ -156,31 +157,49 @@ def activation_bytes(
     return sum(b for _, b in per_layer) * in_flight_micro_batches(cfg, pipeline_stage)
 
 
-def comm_buffer_bytes(model: ModelSpec, cfg: ParallelConfig, layers: tuple[Layer, ...]) -> float:
-    """DeepSpeed's communication buffers on one rank.
+STAGE0_ALLREDUCE_BUCKET = 500_000_000  # MEMORY_OPT_ALLREDUCE_SIZE, deepspeed/runtime/engine.py
 
-    Stages 1-2 with contiguous_gradients keep an IPG bucket of reduce_bucket_size elements
-    (two when overlap_comm double-buffers). Stage 3 keeps one reduce bucket, and parameters
-    gathered for compute: at most max_live_parameters plus a prefetch bucket, and never more
-    than the stage's layers. Bounded by the gradients they carry.
+
+def comm_buffer_bytes(model: ModelSpec, cfg: ParallelConfig, layers: tuple[Layer, ...]) -> float:
+    """DeepSpeed's communication buffers on one rank, at the end of a backward.
+
+    Measured on DeepSpeed 0.19 (held tensors, byte-exact):
+    - stage 0 flattens each all-reduce bucket (up to 5e8 elements) into a copy;
+    - stages 1-2 allocate the whole IPG bucket, reduce_bucket_size elements whatever the model
+      size (two with overlap_comm), during backward (`setup_buckets`);
+    - stage 3 keeps one such bucket from initialisation on, and the parameters its coordinator
+      keeps gathered: with the default reuse distance the whole model (under 1e9 elements) is
+      gathered by the end of a forward (replayed by `zsim.zero3`).
     """
-    k = cfg.knobs
-    tp_params = sum(layer.params(cfg.tp) for layer in layers)
-    grad_b = cfg.precision.bytes
+    params = sum(layer.params(cfg.tp) for layer in layers)
+    b = cfg.precision.bytes
     stage = cfg.zero_stage
     if stage is ZeroStage.NONE:
+        return min(STAGE0_ALLREDUCE_BUCKET, params) * b if cfg.dp > 1 else 0.0
+    bucket = cfg.knobs.reduce_bucket_size * b
+    if stage is ZeroStage.PARAMETERS:
+        return bucket + zero3_gathered_numel(model, cfg, layers) * b
+    if not cfg.knobs.contiguous_gradients:
         return 0.0
-    buckets = 2 if cfg.overlap_comm else 1
-    reduce = min(k.reduce_bucket_size, tp_params) * grad_b * buckets
-    if stage < ZeroStage.PARAMETERS:
-        return reduce if k.contiguous_gradients else 0.0
-    largest = max((layer.params(cfg.tp) for layer in layers), default=0)
-    gathered = min(
-        tp_params, max(largest, min(k.max_live_parameters, tp_params)) + k.prefetch_bucket_size
-    )
+    return bucket * (2 if cfg.overlap_comm else 1)
+
+
+def zero3_gathered_numel(model: ModelSpec, cfg: ParallelConfig, layers: tuple[Layer, ...]) -> int:
+    """Full (non-persistent) parameters alive at once beyond their partitions, at the peak of
+    DeepSpeed's coordinator over a micro-step; unknown (0) for a bare parameter count."""
     if model.kind is ModelKind.PARAMS_ONLY:
-        gathered = 0  # no module structure: the gathered working set is unknown
-    return reduce + min(gathered, tp_params) * cfg.precision.bytes
+        return 0
+    trace = zero3.module_trace(model, cfg, layers)
+    persistent = sum({u.key: u.span - u.numel for u in trace}.values())
+    return zero3.replay(trace, cfg.knobs).peak_available_numel - persistent
+
+
+def zero3_persistent_bytes(cfg: ParallelConfig, layers: tuple[Layer, ...]) -> float:
+    """Stage 3 keeps small parameters (<= stage3_param_persistence_threshold elements) whole
+    on every rank, beside their partition (`ds_persist`, partition_parameters.py)."""
+    threshold = cfg.knobs.param_persistence_threshold
+    sizes = [t.per_rank(cfg.tp) for layer in layers for t in layer.tensors]
+    return sum(-(-n // cfg.dp) * cfg.dp for n in sizes if n <= threshold) * cfg.precision.bytes
 
 
 def ledger(model: ModelSpec, cfg: ParallelConfig, pipeline_stage: int = 0) -> MemoryLedger:
@@ -188,6 +207,8 @@ def ledger(model: ModelSpec, cfg: ParallelConfig, pipeline_stage: int = 0) -> Me
     layers = rank_layers(model, cfg, pipeline_stage)
     params = sum(layer.params(cfg.tp) for layer in layers)
     p, g, o, host = model_state_bytes(params, cfg)
+    if cfg.zero_stage is ZeroStage.PARAMETERS and model.kind is not ModelKind.PARAMS_ONLY:
+        p += zero3_persistent_bytes(cfg, layers)
     acts = (
         None
         if model.kind is ModelKind.PARAMS_ONLY
