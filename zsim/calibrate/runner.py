@@ -29,7 +29,7 @@ from typing import Any
 from zsim.calibrate.fit import Fit, fit_profile
 from zsim.calibrate.plan import PROGRESS, Plan
 from zsim.calibrate.profile import Calibration, save_profile
-from zsim.errors import require
+from zsim.errors import InputError, require
 
 
 class CalibrationFailed(RuntimeError):
@@ -68,6 +68,17 @@ def check_machine(device: str, nproc: int) -> None:
         count > 0, "device", "cuda", "a machine with a CUDA GPU (torch sees none): use --device cpu"
     )
     require(nproc <= count, "nproc", nproc, f"at most {count}, the CUDA devices torch sees")
+
+
+def check_writable(out: Path) -> None:
+    """Refuse an output folder that cannot be written, before hours of measuring (the folder
+    is created; no file is left in it)."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out.parent, prefix=".zsim-write-test-"):
+            pass
+    except OSError as exc:
+        raise InputError("out", str(out), f"a path this user can write ({exc.strerror})") from None
 
 
 def host_description() -> dict[str, Any]:
@@ -326,6 +337,7 @@ def calibrate(
     node other than node 0 (it only measures; node 0 gathers and writes)."""
     check_machine(plan.device, launch.nproc)
     require(out.suffix == ".json", "out", str(out), "a path ending in .json")
+    check_writable(out)
     info: dict[str, Any] = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "device": plan.device,
