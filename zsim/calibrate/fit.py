@@ -260,7 +260,7 @@ def fit_profile(name: str, rows: Sequence[Measurement], info: Mapping[str, Any])
         topo = presets.topology(str(info["topology"]))
         fitted = links.fit_links(topo, collectives)
         profile = replace(profile, links=fitted.links, call_latency_s=fitted.call_latency_s)
-        link_params = links.params_of(fitted)
+        link_params = links.params_of(topo, fitted, collectives)
         link_predict = links.predictor(links.apply_profile(topo, profile))
     predictions: dict[int, float] = {}
     for i, row in enumerate(rows):

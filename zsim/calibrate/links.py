@@ -18,7 +18,7 @@ and this fit use the same function.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -196,11 +196,23 @@ def predictor(fitted_topo: Topology) -> Callable[[Measurement], float | None]:
     return predict
 
 
-def params_of(fit: LinkModelFit) -> Mapping[str, Mapping[str, float]]:
+def params_of(
+    topo: Topology, fit: LinkModelFit, rows: Sequence[tuple[int, Measurement]]
+) -> dict[str, dict[str, float]]:
+    """The joint fit (call latency, each link class), and, as a diagnostic, the same model
+    fitted to each op alone: where the per-op numbers differ, one set of links cannot
+    reproduce every op, and the difference says what the model of that op lacks."""
     out: dict[str, dict[str, float]] = {"backend": {"call_latency_s": fit.call_latency_s}}
     for cls, link in fit.links.items():
         out[cls] = {
             "latency_s": link.latency_s,
             "bandwidth_bytes_per_s": link.bandwidth_bytes_per_s,
         }
+    for op in sorted({r.op for _, r in rows}):
+        alone = fit_links(topo, [(i, r) for i, r in rows if r.op == op])
+        entry = {"call_latency_s": alone.call_latency_s}
+        for cls, link in alone.links.items():
+            entry[f"{cls}.latency_s"] = link.latency_s
+            entry[f"{cls}.bandwidth_bytes_per_s"] = link.bandwidth_bytes_per_s
+        out[f"only {op}"] = entry
     return out
