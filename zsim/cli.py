@@ -225,7 +225,11 @@ def cmd_gpus(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="zsim", description=__doc__)
+    parser = _Parser(
+        prog="zsim",
+        description="Plan large-model training: simulate DeepSpeed ZeRO / 3D-parallel steps, "
+        "calibrate on local devices, validate against real runs.",
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     from zsim.calibrate import cli as calibrate_cli
 
