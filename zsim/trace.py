@@ -41,11 +41,16 @@ def _merge(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]
 def uncovered(
     intervals: Iterable[tuple[float, float]], cover: Iterable[tuple[float, float]]
 ) -> float:
-    """Length of `intervals`' union not covered by `cover`'s union."""
-    outside = 0.0
+    """Length of `intervals`' union not covered by `cover`'s union (one sweep, both sorted)."""
     blocks = _merge(cover)
+    outside, j = 0.0, 0
     for a, b in _merge(intervals):
-        inside = sum(max(0.0, min(b, d) - max(a, c)) for c, d in blocks if c < b and d > a)
+        while j < len(blocks) and blocks[j][1] <= a:
+            j += 1
+        inside, k = 0.0, j
+        while k < len(blocks) and blocks[k][0] < b:
+            inside += max(0.0, min(b, blocks[k][1]) - max(a, blocks[k][0]))
+            k += 1
         outside += (b - a) - inside
     return outside
 
