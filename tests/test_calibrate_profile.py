@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from zsim import presets
-from zsim.calibrate.fit import DEFAULT_CACHE_BYTES, in_model_regime
+from zsim.calibrate.fit import DEFAULT_CACHE_BYTES, fitted_ids
 from zsim.calibrate.keys import ADAM_STEP_BYTES_PER_PARAM
 from zsim.calibrate.links import apply_profile, call_of
 from zsim.calibrate.plan import Kind
@@ -51,7 +51,7 @@ def predicted_s(row):
     return estimate_s(TOPO, call_of(TOPO, row))
 
 
-FITTED = [r for r in CAL.measurements if in_model_regime(r, CACHE)]
+FITTED = [CAL.measurements[i] for i in sorted(fitted_ids(CAL.measurements, CACHE))]
 
 
 def test_profile_describes_this_setup():

@@ -60,6 +60,7 @@ class Fit:
     predictions: Mapping[int, float] = field(default_factory=dict)  # row index -> seconds
     collective_params: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     link_predict: LinkPredict = field(default=lambda _row: None)
+    fitted: frozenset[int] = frozenset()  # indices of the rows the fit used
 
 
 def fit_affine(x: Sequence[float], t: Sequence[float]) -> tuple[float, float]:
@@ -103,7 +104,8 @@ def in_model_regime(row: Measurement, cache_bytes: float) -> bool:
     The model of a bandwidth-bound kernel (overhead + bytes / rate) has no cache: it is fitted
     on tiny kernels (the overhead) and on kernels streaming four times the last-level cache or
     more (the DRAM / HBM rate); sizes in between run from cache, faster than the model says.
-    A GEMM is in the model unless it is a matrix-vector product (a dimension < GEMV_DIM).
+    A GEMM is in the model unless it is a matrix-vector product (a dimension < GEMV_DIM). An
+    Adam step is fitted where its state (16 B a parameter) streams from DRAM, like a kernel.
     Rows outside are measured, plotted and reported, not fitted; a layer measured at its own
     shape does not need the kernel model at all.
     """
@@ -111,6 +113,8 @@ def in_model_regime(row: Measurement, cache_bytes: float) -> bool:
         return row.size_bytes <= OVERHEAD_BYTES or row.size_bytes >= 4 * cache_bytes
     if row.kind is Kind.GEMM:
         return min(row.shape[:3]) >= GEMV_DIM
+    if row.kind is Kind.OPTIMIZER:  # Adam streams weight, gradient, m and v: 16 B a parameter
+        return row.params * 16 >= 4 * cache_bytes
     return True
 
 
@@ -126,6 +130,23 @@ def _regime(rows: Sequence[Measurement], cache_bytes: float) -> list[Measurement
         largest = max(r.size_bytes for r in rows)
         inside += [r for r in rows if r.size_bytes == largest]
     return inside or list(rows)
+
+
+def fitted_ids(rows: Sequence[Measurement], cache_bytes: float) -> frozenset[int]:
+    """Indices of the rows the fit uses: `_regime` of each kernel sweep (GEMMs, memory-bound
+    kernels, each optimizer), every other row."""
+    chosen: set[int] = set()
+    sweeps: dict[tuple[Kind, str, str], list[int]] = {}
+    for i, r in enumerate(rows):
+        if r.kind in (Kind.GEMM, Kind.MEMORY, Kind.OPTIMIZER):
+            op = r.op if r.kind is Kind.OPTIMIZER else ""
+            sweeps.setdefault((r.kind, op, r.dtype), []).append(i)
+        else:
+            chosen.add(i)
+    for members in sweeps.values():
+        inside = _regime([rows[i] for i in members], cache_bytes)
+        chosen |= {i for i in members if rows[i] in inside}
+    return frozenset(chosen)
 
 
 def compute_rates(
@@ -203,20 +224,20 @@ def predict_memory_traffic(
 
 
 def residuals(
-    rows: Sequence[Measurement], predictions: Mapping[int, float], cache_bytes: float
+    rows: Sequence[Measurement], predictions: Mapping[int, float], fitted: frozenset[int]
 ) -> tuple[Residual, ...]:
     """Median and worst |predicted - measured| / measured per (kind, op, fitted or not)."""
     groups: dict[tuple[str, str, bool], list[tuple[float, str]]] = {}
     for i, p in predictions.items():
         r = rows[i]
-        key = (str(r.kind), r.op, in_model_regime(r, cache_bytes))
+        key = (str(r.kind), r.op, i in fitted)
         groups.setdefault(key, []).append((abs(p - r.median_s) / r.median_s, r.label))
     out = []
-    for (kind, op, fitted), errs in groups.items():
+    for (kind, op, was_fitted), errs in groups.items():
         values = [e for e, _ in errs]
         worst = max(errs)
         median = float(np.median(values))
-        out.append(Residual(kind, op, fitted, len(errs), median, worst[0], worst[1]))
+        out.append(Residual(kind, op, was_fitted, len(errs), median, worst[0], worst[1]))
     return tuple(out)
 
 
@@ -232,8 +253,8 @@ def fit_profile(name: str, rows: Sequence[Measurement], info: Mapping[str, Any])
     }
     copies = _rows(rows, Kind.HOST_COPY)
     require(bool(copies), "calibration", "no host copy rows", "host <-> device copies")
-    device_adam = _rows(rows, Kind.OPTIMIZER, "adamw")
-    host_adam = _rows(rows, Kind.OPTIMIZER, "host_adamw") or device_adam
+    device_adam = _regime(_rows(rows, Kind.OPTIMIZER, "adamw"), cache)
+    host_adam = _regime(_rows(rows, Kind.OPTIMIZER, "host_adamw"), cache) or device_adam
     require(bool(device_adam), "calibration", "no optimizer rows", "AdamW steps")
     adam_params_per_s = rate_through_origin(device_adam, lambda r: float(r.params))
     backend = str(info.get("backend", "nccl"))
@@ -271,7 +292,10 @@ def fit_profile(name: str, rows: Sequence[Measurement], info: Mapping[str, Any])
             p = link_predict(row)
         if p is not None:
             predictions[i] = p
-    return Fit(profile, residuals(rows, predictions, cache), predictions, link_params, link_predict)
+    used = fitted_ids(rows, cache)
+    return Fit(
+        profile, residuals(rows, predictions, used), predictions, link_params, link_predict, used
+    )
 
 
 def provenance_notes(info: Mapping[str, Any]) -> tuple[str, ...]:

@@ -106,7 +106,7 @@ class Measurement:
             m, n, k, b = self.shape
             return f"{self.op} {m}x{n}x{k}" + (f" x{b}" if b > 1 else "")
         if self.kind in (Kind.LAYER_FORWARD, Kind.LAYER_BACKWARD):
-            model = self.layer_key.split("|", 1)[0]
+            model = "-".join(self.layer_key.split("|", 1)[0].split("-")[:2])
             return f"{self.op} {self.kind.removeprefix('layer_')} mb{self.micro_batch} {model}"
         if self.kind is Kind.OPTIMIZER:
             return f"{self.op} {self.params} params"
@@ -258,6 +258,9 @@ def layer_kinds(model: ModelSpec) -> list[LayerKind]:
     return seen
 
 
+MAX_SWEEP_FLOPS = 2e10  # the 2048^3 square; larger model GEMMs are in their layers' times
+
+
 def default_plan(
     device: str,
     dtype: str,
@@ -272,8 +275,12 @@ def default_plan(
     """The standard measurement set; `quick` is a small one for tests (well under a minute)."""
     squares = (16, 64, 256, 512) if quick else powers(16, 2048, 2)
     gemms = {(s, s, s, 1) for s in squares}
-    for model in models:
-        gemms |= model_gemm_shapes(model, micro_batches, flash_attention)
+    for model in models:  # the giant ones (a large vocabulary's logits) are timed as layers
+        gemms |= {
+            s
+            for s in model_gemm_shapes(model, micro_batches, flash_attention)
+            if 2.0 * s[0] * s[1] * s[2] * s[3] <= MAX_SWEEP_FLOPS
+        }
     mib = 2**20
     return Plan(
         device=device,

@@ -13,13 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from zsim.calibrate.fit import (
-    DEFAULT_CACHE_BYTES,
-    Fit,
-    in_model_regime,
-    predict_compute,
-    predict_memory_traffic,
-)
+from zsim.calibrate.fit import Fit, predict_compute, predict_memory_traffic
 from zsim.calibrate.plan import Collective, Kind, Measurement, bus_factor
 from zsim.calibrate.profile import Calibration
 
@@ -75,10 +69,10 @@ def save_fit_png(cal: Calibration, fit: Fit, path: Path) -> Path:
     busbw of every collective, measured (points, IQR bars) and fitted (lines)."""
     rows = cal.measurements
     prof = fit.profile
-    cache = float(cal.provenance.get("cache_bytes") or DEFAULT_CACHE_BYTES)
+    used = {rows[i] for i in fit.fitted}
 
     def fitted(r: Measurement) -> bool:
-        return in_model_regime(r, cache)
+        return r in used
 
     colls = sorted({(r.op, r.group) for r in rows if r.kind is Kind.COLLECTIVE})
     ncols = 4
