@@ -26,23 +26,30 @@ def _panel(
     predict: Callable[[Measurement], float | None],
     label: str,
     color: str,
+    fitted: Callable[[Measurement], bool] = lambda _row: True,
 ) -> None:
-    """Measured medians with IQR bars and the model's curve over the same x range."""
+    """Measured medians with IQR bars (hollow: not fitted, outside the model's regime) and
+    the model's curve over the same x range."""
     rows = sorted(rows, key=x)
     xs = np.array([x(r) for r in rows])
-    med = np.array([y_of_time(r, r.median_s) for r in rows])
-    lo = np.array([y_of_time(r, r.q3_s) for r in rows])  # slower time = lower rate
-    hi = np.array([y_of_time(r, r.q1_s) for r in rows])
-    ax.errorbar(
-        xs,
-        med,
-        yerr=[med - lo, hi - med],
-        fmt="o",
-        ms=4,
-        color=color,
-        label=f"{label} measured",
-        capsize=2,
-    )
+    for inside in (True, False):
+        sel = [r for r in rows if fitted(r) is inside]
+        if not sel:
+            continue
+        med = np.array([y_of_time(r, r.median_s) for r in sel])
+        lo = np.array([y_of_time(r, r.q3_s) for r in sel])  # slower time = lower rate
+        hi = np.array([y_of_time(r, r.q1_s) for r in sel])
+        ax.errorbar(
+            [x(r) for r in sel],
+            med,
+            yerr=[med - lo, hi - med],
+            fmt="o",
+            ms=4,
+            color=color,
+            mfc=color if inside else "none",
+            label=f"{label} measured" + ("" if inside else ", not fitted"),
+            capsize=2,
+        )
     dense = np.geomspace(xs.min(), xs.max(), 60) if len(xs) > 1 else xs
     curve = []
     for value in dense:
@@ -91,9 +98,16 @@ def save_fit_png(cal: Calibration, fit: Fit, path: Path) -> Path:
         sel = [r for r in rows if r.kind is Kind.GEMM and r.op == op]
         if sel:
             _panel(
-                ax, sel, lambda r: r.flops, lambda r, t: r.flops / t / 1e9, compute, op, colors[i]
+                ax,
+                sel,
+                lambda r: r.flops,
+                lambda r, t: r.flops / t / 1e9,
+                compute,
+                op,
+                colors[i],
+                fitted,
             )
-    _style(ax, "GEMM", "FLOPs per call", "GFLOP/s")
+    _style(ax, "GEMM (hollow: matrix-vector, not fitted)", "FLOPs per call", "GFLOP/s")
     ax = axes[0][1]
     for i, op in enumerate(sorted({r.op for r in rows if r.kind is Kind.MEMORY})):
         sel = [r for r in rows if r.kind is Kind.MEMORY and r.op == op]
@@ -105,8 +119,10 @@ def save_fit_png(cal: Calibration, fit: Fit, path: Path) -> Path:
             compute,
             op,
             colors[i],
+            fitted,
         )
     _style(ax, "memory-bound kernels", "bytes moved", "GB/s")
+    ax.set_yscale("log")
     ax = axes[0][2]
     for i, op in enumerate(sorted({r.op for r in rows if r.kind is Kind.HOST_COPY})):
         sel = [r for r in rows if r.kind is Kind.HOST_COPY and r.op == op]
@@ -131,6 +147,7 @@ def save_fit_png(cal: Calibration, fit: Fit, path: Path) -> Path:
             traffic,
             op,
             colors[i],
+            fitted,
         )
     _style(ax, "AdamW step", "parameters", "M params/s")
     for j, (op, group) in enumerate(colls):
@@ -143,7 +160,7 @@ def save_fit_png(cal: Calibration, fit: Fit, path: Path) -> Path:
         def coll(r: Measurement) -> float | None:
             return fit.link_predict(r)
 
-        _panel(ax, sel, lambda r: r.size_bytes, busbw, coll, f"n={sel[0].ranks}", colors[0])
+        _panel(ax, sel, lambda r: r.size_bytes, busbw, coll, f"n={sel[0].ranks}", colors[0], fitted)
         _style(ax, f"{op} ({group}, {sel[0].link_class or '?'})", "size S (bytes)", "busbw GB/s")
         ax.set_yscale("log")
     for j in range(len(colls), (nrows - 1) * ncols):
