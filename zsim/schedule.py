@@ -38,7 +38,7 @@ from zsim.collective_model import CollectiveOp
 from zsim.errors import InputError
 from zsim.hardware import DeviceProfile
 from zsim.layout import layer_passes, rank_chunks
-from zsim.model import ComputeOp, Layer, LayerKind, ModelSpec
+from zsim.model import ComputeOp, Layer, LayerKind, ModelSpec, OpKind
 from zsim.parallel import Offload, ParallelConfig, PipelineSchedule, ZeroStage
 
 MEMORY_OPT_ALLREDUCE_SIZE = 500_000_000  # deepspeed/runtime/constants.py, stage-0 buckets
@@ -545,9 +545,35 @@ class _Builder:
         else:
             share = numel / self.cfg.dp * self.d
             calls = [Comm(CollectiveOp.REDUCE, share, Group.DP, root=r) for r in range(self.cfg.dp)]
+        work_stream = Stream.COMPUTE if self.gloo else stream
+        before, after = self.bucket_passes(numel)
+        ready = [self.memory_pass("bucket_prepare", before, ready, work_stream)]
         for comm in calls:
             self.last_reduce = self.comm("grad_reduce", comm, Category.GRAD_REDUCE, ready, stream)
             ready = [self.last_reduce]
+        self.last_reduce = self.memory_pass("bucket_scatter", after, ready, work_stream)
+
+    def bucket_passes(self, numel: float) -> tuple[float, float]:
+        """Bytes DeepSpeed streams around one bucket's reduction, before and after it.
+
+        Stages 1-2: the hook copies each gradient into the IPG bucket, which is then divided
+        by dp (`average_tensor`); afterwards this rank's slice is copied out to its gradient
+        partition. Stage 3 adds the interleaving copy of `reduce_scatter_coalesced`; on gloo
+        the reduce-scatter is a clone plus an all-reduce (torch's ProcessGroupGloo). Each pass
+        reads and writes its elements.
+        """
+        b, n, dp = self.d, numel, self.cfg.dp
+        if self.cfg.zero_stage is ZeroStage.PARAMETERS:
+            before = 3 * 2 * b * n + (2 * b * n if self.gloo else 0.0)
+            return before, 2 * 2 * b * n / dp
+        return 2 * 2 * b * n, 2 * b * n / dp
+
+    def memory_pass(
+        self, name: str, nbytes: float, deps: Sequence[Task], stream: Stream = Stream.COMPUTE
+    ) -> Task:
+        """Bandwidth-bound bookkeeping (copies, scaling) of `nbytes` read + written."""
+        op = ComputeOp(name, OpKind.MEMORY, 0.0, nbytes)
+        return self.compute(name, self.op_seconds((op,)), Category.OPTIMIZER, deps, stream)
 
     def boundary_reduce(self, deps: list[Task]) -> list[Task]:
         """Reductions after the last backward, in parameter (forward) order: stage 0's
@@ -567,8 +593,11 @@ class _Builder:
         for i, t in enumerate(tensors):
             numel += t.per_rank(self.cfg.tp)
             if numel > MEMORY_OPT_ALLREDUCE_SIZE or i == len(tensors) - 1:
+                # `allreduce_bucket`: flatten (a copy), all-reduce, divide by dp, copy back
                 comm = Comm(CollectiveOp.ALL_REDUCE, numel * self.d, Group.DP)
+                last = [self.memory_pass("flatten", 2 * self.d * numel, last)]
                 last = [self.comm("grad_allreduce", comm, Category.GRAD_REDUCE, last)]
+                last = [self.memory_pass("unflatten", 2 * 2 * self.d * numel, last)]
                 numel = 0
         return last
 
@@ -644,8 +673,20 @@ class _Builder:
         shard = self.stage_params() / (cfg.dp if cfg.zero_stage >= ZeroStage.OPTIMIZER else 1)
         if cfg.offload is not Offload.NONE:
             return self.offloaded_step(shard, deps)
+        deps = [self.memory_pass("step_prepare", self.step_passes(shard), deps)]
         seconds = shard * ADAM_STEP_BYTES_PER_PARAM / self.device.optimizer_bytes_per_s
         return [self.compute("optimizer_step", seconds, Category.OPTIMIZER, deps)]
+
+    def step_passes(self, shard: float) -> float:
+        """Bytes streamed around the Adam step on a partition of `shard` elements: the
+        gradient norm (read) and the clipping scale (read + write) with the default
+        gradient_clipping = 1.0; ZeRO also flattens the 16-bit gradients into an fp32
+        partition first and copies the fp32 master back into the 16-bit parameters after
+        (`DeepSpeedZeroOptimizer.step`, stage3 `_prepare_fp32_grad_for_sub_group`)."""
+        passes = 4 * shard + 2 * 4 * shard
+        if self.cfg.zero_stage >= ZeroStage.OPTIMIZER:
+            passes += 2 * (self.d + 4) * shard
+        return passes
 
     def post_step_gather(self, deps: list[Task]) -> None:
         """ZeRO-1/2 gather the updated parameters in one all_gather_into_tensor of the padded
