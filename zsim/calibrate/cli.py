@@ -67,6 +67,12 @@ def add_commands(sub: Any) -> None:
     )
     show.add_argument("path", type=Path, help="a calibration JSON (calibration/NAME.json)")
     show.add_argument("--json", action="store_true", help="the DeviceProfile as JSON")
+    show.add_argument(
+        "--refit",
+        action="store_true",
+        help="fit the stored measurements again with this zsim's models and rewrite the file "
+        "(+ .csv, -fit.png): after a model changes, no need to measure again",
+    )
     show.set_defaults(func=cmd_profile)
 
 
@@ -187,6 +193,14 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from zsim.calibrate.report import print_summary
 
     cal = load_calibration(args.path)
+    if args.refit:
+        from zsim.calibrate.runner import refit
+
+        written = refit(cal, args.path)
+        cal = written.calibration
+        if not args.json:
+            print_summary(cal, written.paths)
+            return 0
     if args.json:
         print(json.dumps(profile_to_dict(cal.profile), indent=1))
     else:

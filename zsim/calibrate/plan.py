@@ -120,10 +120,11 @@ class Measurement:
         return dataclasses.replace(self, samples_s=samples_s)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             k: (list(v) if isinstance(v, tuple) else str(v) if isinstance(v, Kind) else v)
             for k, v in dataclasses.asdict(self).items()
         }
+        return out
 
     @staticmethod
     def from_dict(row: dict[str, Any]) -> Measurement:

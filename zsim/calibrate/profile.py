@@ -246,9 +246,14 @@ def save_profile(cal: Calibration, path: Path) -> list[Path]:
     import json
 
     csv_path = path.with_suffix(".csv")
-    text = json.dumps(calibration_to_dict(cal, csv_path.name), indent=1)
+    data = calibration_to_dict(cal, csv_path.name)
+    rows = data.pop("measurements")
+    head = json.dumps(data, indent=1)
+    # one line per measurement: the file stays readable and diffs stay small
+    body = ",\n".join("  " + json.dumps(r, separators=(",", ":")) for r in rows)
+    text = head[:-2] + ',\n "measurements": [\n' + body + "\n ]\n}\n"
     _atomic_write(csv_path, measurements_csv(cal.measurements))
-    _atomic_write(path, text + "\n")
+    _atomic_write(path, text)
     return [path, csv_path]
 
 

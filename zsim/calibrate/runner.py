@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from zsim.calibrate.fit import Fit, fit_profile
-from zsim.calibrate.plan import PROGRESS, Plan
+from zsim.calibrate.plan import PROGRESS, Measurement, Plan
 from zsim.calibrate.profile import Calibration, save_profile
 from zsim.errors import InputError, require
 
@@ -392,9 +392,31 @@ def memory_of(info: Mapping[str, Any]) -> dict[str, float]:
 def fit_calibration(
     name: str, rows: list[dict[str, Any]], info: Mapping[str, Any], plan: Plan
 ) -> tuple[Calibration, Fit]:
-    from zsim.calibrate.plan import Measurement
+    return fit_measurements(
+        name, tuple(Measurement.from_dict(r) for r in rows), info, plan.to_dict()
+    )
 
-    measurements = tuple(Measurement.from_dict(r) for r in rows)
+
+def refit(cal: Calibration, out: Path, plot: bool = True) -> Written:
+    """The stored measurements of `cal` fitted again with this zsim, written to `out`."""
+    info = dict(cal.provenance) | {
+        "refit_date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    }
+    new, fit = fit_measurements(cal.name, cal.measurements, info, cal.plan)
+    written = save_profile(new, out)
+    if plot:
+        from zsim.calibrate.plots import save_fit_png
+
+        written.append(save_fit_png(new, fit, out.with_name(out.stem + "-fit.png")))
+    return Written(new, fit, written)
+
+
+def fit_measurements(
+    name: str,
+    measurements: tuple[Measurement, ...],
+    info: Mapping[str, Any],
+    plan: Mapping[str, Any],
+) -> tuple[Calibration, Fit]:
     fit = fit_profile(name, measurements, info)
     cal = Calibration(
         name=name,
@@ -403,6 +425,6 @@ def fit_calibration(
         residuals=fit.residuals,
         collective_params=fit.collective_params,
         provenance=dict(info),
-        plan=plan.to_dict(),
+        plan=dict(plan),
     )
     return cal, fit

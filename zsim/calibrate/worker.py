@@ -93,7 +93,7 @@ class Bench:
     def max_over_ranks(self, values: list[float]) -> list[float]:
         t = torch.tensor(values, dtype=torch.float64, device=self.comm_device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return [float(v) for v in t.cpu()]
+        return [float(f"{v:.6g}") for v in t.cpu().tolist()]  # 6 digits: the file stays small
 
     def sum_over_ranks(self, value: int) -> int:
         t = torch.tensor([value], dtype=torch.float64, device=self.comm_device)
