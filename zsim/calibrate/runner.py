@@ -165,6 +165,9 @@ def worker_env(
     """The environment of the workers, as zsim's validation gives its training ranks."""
     env = dict(os.environ)
     if device == "cpu":
+        from zsim.validate.procs import CPU_ALLOCATOR_ENV
+
+        env.update(CPU_ALLOCATOR_ENV)
         env["DS_ACCELERATOR"] = "cpu"
         if ifname is not None:
             env["GLOO_SOCKET_IFNAME"] = ifname

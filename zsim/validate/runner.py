@@ -150,14 +150,19 @@ def _launcher_argv(
 
 def _env(case: Case, ifname: str, tmp: Path) -> dict[str, str]:
     threads = max(1, (os.cpu_count() or 1) // case.world)
-    return dict(os.environ) | {
-        "DS_ACCELERATOR": case.device,
-        "OMP_NUM_THREADS": str(threads),
-        "GLOO_SOCKET_IFNAME": ifname,
-        "PYTHONUNBUFFERED": "1",
-        "TMPDIR": str(tmp),
-        "PYTHONWARNINGS": "ignore::FutureWarning",
-    }
+    allocator = procs.CPU_ALLOCATOR_ENV if case.device == "cpu" else {}
+    return (
+        dict(os.environ)
+        | allocator
+        | {
+            "DS_ACCELERATOR": case.device,
+            "OMP_NUM_THREADS": str(threads),
+            "GLOO_SOCKET_IFNAME": ifname,
+            "PYTHONUNBUFFERED": "1",
+            "TMPDIR": str(tmp),
+            "PYTHONWARNINGS": "ignore::FutureWarning",
+        }
+    )
 
 
 def run_case(
