@@ -85,3 +85,15 @@ def test_ledger_matches_engine_held_bytes(stage):
     assert steady == pytest.approx(MEASURED_STEADY[stage], abs=16)
     if stage == 3:
         assert held.comm_buffers == cfg.knobs.reduce_bucket_size * 4 + MEASURED_GATHERED_Z3
+
+
+@pytest.mark.parametrize(("items", "parts"), [(70, 12), (96, 16), (24, 5), (3, 3), (7, 2)])
+def test_pipeline_split_matches_deepspeed_partition_uniform(items, parts):
+    from deepspeed.runtime.utils import partition_uniform
+
+    from zsim.layout import uniform_bounds
+
+    bounds = partition_uniform(items, parts)
+    assert [uniform_bounds(items, parts, p) for p in range(parts)] == [
+        (bounds[p], bounds[p + 1]) for p in range(parts)
+    ]

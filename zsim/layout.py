@@ -28,8 +28,8 @@ def stage_layers(model: ModelSpec, stages: int, stage: int) -> tuple[Layer, ...]
     if stages == 1:
         return layers
     blocks = [x for x in layers if x.kind in (LayerKind.BLOCK, LayerKind.LINEAR)]
-    per = len(blocks) // stages
-    chosen = list(blocks[stage * per : (stage + 1) * per])
+    first, last = uniform_bounds(len(blocks), stages, stage)
+    chosen = list(blocks[first:last])
     if stage == 0:
         chosen = [x for x in layers if x.kind is LayerKind.EMBEDDING] + chosen
     if stage == stages - 1:
@@ -39,6 +39,14 @@ def stage_layers(model: ModelSpec, stages: int, stage: int) -> tuple[Layer, ...]
             word = tuple(t for t in embedding.tensors if t.name == "wte.weight")
             chosen.append(Layer("word_embedding_copy", LayerKind.TIED_COPY, word))
     return tuple(chosen)
+
+
+def uniform_bounds(items: int, parts: int, part: int) -> tuple[int, int]:
+    """[first, last) of `part` when `items` are split as evenly as possible, the first
+    `items % parts` parts taking one more (DeepSpeed's `partition_uniform`)."""
+    size, extra = divmod(items, parts)
+    first = part * size + min(part, extra)
+    return first, first + size + (1 if part < extra else 0)
 
 
 def rank_chunks(model: ModelSpec, cfg: ParallelConfig, stage: int) -> list[tuple[Layer, ...]]:

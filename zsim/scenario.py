@@ -140,9 +140,13 @@ def check_layout(model: ModelSpec, cfg: ParallelConfig) -> None:
             require(size % cfg.tp == 0, "tp", cfg.tp, f"a divisor of {name}={size}")
     else:
         require(model.hidden % cfg.tp == 0, "tp", cfg.tp, f"a divisor of hidden={model.hidden}")
-    require(
-        model.layers % (cfg.pp * cfg.virtual_stages) == 0,
-        "pp",
-        cfg.pp,
-        f"pp x virtual_stages dividing layers={model.layers}",
-    )
+    # DeepSpeed's PipelineModule splits uneven layer counts (partition_uniform); Megatron's
+    # interleaved schedule needs every model chunk to hold the same number of layers
+    if cfg.virtual_stages > 1:
+        require(
+            model.layers % (cfg.pp * cfg.virtual_stages) == 0,
+            "pp",
+            cfg.pp,
+            f"pp x virtual_stages dividing layers={model.layers} (interleaved schedule)",
+        )
+    require(model.layers >= cfg.pp, "pp", cfg.pp, f"at most layers={model.layers}")
