@@ -18,15 +18,24 @@ def cluster(data: dict[str, Any], nodes: int, gpus: int, name: str = "test") -> 
 
 
 def uniform_star(
-    n: int, bandwidth_gbps: float, step_latency_us: float, backend: str = "nccl"
+    n: int,
+    bandwidth_gbps: float,
+    step_latency_us: float,
+    backend: str = "nccl",
+    duplex: str = "full",
 ) -> Topology:
     """n ranks on one host, each with its own link of `bandwidth_gbps` GB/s per direction
-    to a central switch; a rank-to-rank step crosses two links of half the latency each."""
-    data = {
+    (`duplex: half`: both directions together) to a central switch; a rank-to-rank step
+    crosses two links of half the latency each."""
+    data: dict[str, Any] = {
         "gpu": None,
         "gpus_per_node": [n],
         "backend": {"name": backend, "call_latency_us": 0},
-        "loopback": {"bandwidth_GBps": bandwidth_gbps, "latency_us": step_latency_us / 2},
+        "loopback": {
+            "bandwidth_GBps": bandwidth_gbps,
+            "latency_us": step_latency_us / 2,
+            "duplex": duplex,
+        },
         "nics": {"per_node": 1, "rate_Gbps": 8, "link_class": "veth", "attach": "host"},
         "network": {"leaf_ports": 8, "oversubscription": 1.0},
     }

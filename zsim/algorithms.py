@@ -71,12 +71,13 @@ Built = tuple[list[Phase], float]  # phases and the closed form (without the cal
 
 
 def _share(topo: Topology, flows: Sequence[Flow]) -> float:
-    """The smallest fair share of any link (capacity / flows crossing it): the rate of the
-    slowest flow when all start together (the first level of max-min filling)."""
+    """The smallest fair share of any capacity (capacity / flows drawing on it; a half-duplex
+    pair is one capacity): the rate of the slowest flow when all start together (the first
+    level of max-min filling)."""
     routes = [r.links for r in topo.routes((f.src, f.dst) for f in flows if f.src != f.dst)]
     if not routes:
         return math.inf
-    counts = np.bincount(np.concatenate(routes))
+    counts = np.bincount(topo.resource[np.concatenate(routes)])
     used = counts > 0
     return float((topo.bandwidth_bytes_per_s[: counts.shape[0]][used] / counts[used]).min())
 

@@ -129,11 +129,12 @@ class Communicator:
         return self.collective(CollectiveOp.SEND_RECV, nbytes, (src, dst))
 
     def links_of(self, call: CollectiveCall) -> frozenset[int]:
-        """The directed links `call`'s flows cross."""
+        """The link capacities `call`'s flows draw on (directed links; a half-duplex pair's
+        two directions are one)."""
         if call not in self._links:
             flows = [f for phase in self.plan(call).phases for f in phase.flows]
             routes = [self.topology.route(f.src, f.dst).links for f in flows]
-            links = np.concatenate(routes).tolist() if routes else []
+            links = self.topology.resource[np.concatenate(routes)].tolist() if routes else []
             self._links[call] = frozenset(links)
         return self._links[call]
 

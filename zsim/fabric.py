@@ -53,10 +53,12 @@ class NicAttach(StrEnum):
 
 @dataclass(frozen=True)
 class LinkSpec:
-    """One link, per direction."""
+    """One link, per direction; a half-duplex link's two directions share one capacity (a rank's
+    loopback TCP stack: its sends and receives run on the same core)."""
 
     bandwidth_bytes_per_s: float
     latency_s: float
+    half_duplex: bool = False
 
 
 @dataclass(frozen=True)
@@ -190,9 +192,12 @@ def _link(data: Mapping[str, Any], key: str, source: str, required: bool) -> Lin
         return None
     section = _section(data, key, source)
     allowed = {"bandwidth_GBps", "latency_us"} | ({"gpus_per_switch"} if key == "pcie" else set())
+    allowed |= {"duplex"} if key == "loopback" else set()
     _known(section, allowed, source, f"{key}.")
     bandwidth = positive_number(f"{source}:{key}.bandwidth_GBps", section.get("bandwidth_GBps"))
-    return LinkSpec(bandwidth * GB, _latency(section, source, f"{key}."))
+    duplex = section.get("duplex", "full")
+    require(duplex in ("full", "half"), f"{source}:{key}.duplex", duplex, "full or half")
+    return LinkSpec(bandwidth * GB, _latency(section, source, f"{key}."), duplex == "half")
 
 
 def _latency(section: Mapping[str, Any], source: str, prefix: str) -> float:

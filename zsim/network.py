@@ -11,6 +11,10 @@ only when the set of flows changes, so they are recomputed then, and only then:
 - between changes every rate is constant, so the next event is simply the earliest finish;
 - the filling is vectorised over (flow, link) pairs with numpy.
 
+Links are shared through their capacities: `topology.resource` maps an edge to the capacity it
+draws on, the edge itself except for half-duplex pairs (a CPU rank's loopback TCP stack), whose
+two directions fill one capacity together.
+
 A phase (`start`) may stand for `repeat` identical consecutive steps, as a ring's n-1 steps
 are: its flows carry `repeat` x bytes and pay `repeat` x latency in one go. That equals the
 step-by-step result exactly while the rates stay constant (no other flow starts or ends on a
@@ -98,6 +102,7 @@ class FlowNetwork:
         self.env = env
         self.topology = topology
         self._capacity = topology.bandwidth_bytes_per_s
+        self._resource = topology.resource
         self._batches: dict[int, _Batch] = {}
         self._next_batch = 0
         self._state = _ActiveFlows.empty()
@@ -224,7 +229,8 @@ class FlowNetwork:
             return
         self.recomputations += 1
         state = self._state
-        state.rate = max_min_rates(state.pair_flow, state.pair_link, self._capacity, state.size)
+        resources = self._resource[state.pair_link]
+        state.rate = max_min_rates(state.pair_flow, resources, self._capacity, state.size)
         wait = float(np.min(state.remaining / state.rate))
         version = self._version
         self.env.timeout(max(wait, 0.0)).callbacks.append(lambda _e: self._wake(version))

@@ -2,7 +2,10 @@
 
 Every edge is directed (a link per direction) and carries `bandwidth_bytes_per_s`, `latency_s`
 and `link_class`. Edges are also numbered, node by node in the same order, then the fabric, so
-that a route is an array of edge indices the flow network can use directly.
+that a route is an array of edge indices the flow network can use directly. Each edge draws on
+one capacity, `resource[edge]`: its own, or for a half-duplex pair (a CPU rank's loopback TCP
+stack, whose sends and receives share one core) the pair's first edge, so flows into and out of
+that rank share one capacity.
 
 Routing, and why:
 - inside a node, the least-latency path (NVLink through the NVSwitch when there is one, else
@@ -71,6 +74,7 @@ class Topology:
     link_class: tuple[LinkClass, ...]  # per edge index
     bandwidth_bytes_per_s: FloatArray  # per edge index
     latency_s: FloatArray  # per edge index
+    resource: IntArray  # per edge index: the edge whose capacity it draws on (see module doc)
     call_latency_s: float
     _template: nx.DiGraph = field(repr=False)  # node 0, local names, edges carry `index`
     _node_routes: dict[str, dict[str, list[int]]] = field(default_factory=dict, repr=False)
@@ -164,15 +168,25 @@ class Topology:
         spine = base + 2 * self.nodes * nics
         return [up, spine + 2 * leaf_a, spine + 2 * leaf_b + 1, down]
 
-    def link_classes(self) -> list[tuple[LinkClass, float, float, int]]:
-        """(class, bandwidth, latency, edge count) for each distinct kind of link."""
-        seen: dict[tuple[LinkClass, float, float], int] = {}
-        for cls, bw, lat in zip(
-            self.link_class, self.bandwidth_bytes_per_s, self.latency_s, strict=True
+    @property
+    def half_duplex(self) -> npt.NDArray[np.bool_]:
+        """Per edge: whether it shares its capacity with the reverse direction."""
+        counts = np.bincount(self.resource, minlength=len(self.edges))
+        return np.asarray(counts[self.resource] > 1)
+
+    def link_classes(self) -> list[tuple[LinkClass, float, float, bool, int]]:
+        """(class, bandwidth, latency, half duplex, edge count) for each distinct kind of link."""
+        seen: dict[tuple[LinkClass, float, float, bool], int] = {}
+        for cls, bw, lat, half in zip(
+            self.link_class,
+            self.bandwidth_bytes_per_s,
+            self.latency_s,
+            self.half_duplex.tolist(),
+            strict=True,
         ):
-            key = (cls, float(bw), float(lat))
+            key = (cls, float(bw), float(lat), bool(half))
             seen[key] = seen.get(key, 0) + 1
-        return [(c, b, lat, n) for (c, b, lat), n in seen.items()]
+        return [(c, b, lat, half, n) for (c, b, lat, half), n in seen.items()]
 
 
 # ---- building ----------------------------------------------------------------------------
@@ -207,8 +221,9 @@ def build_topology(name: str, fabric: FabricSpec, nodes: int, gpus_per_node: int
     _label_vertices(graph)
     bandwidth = np.array([e.link.bandwidth_bytes_per_s for e in edges], dtype=np.float64)
     latency = np.array([e.link.latency_s for e in edges], dtype=np.float64)
-    bandwidth.flags.writeable = False
-    latency.flags.writeable = False
+    resource = _resources(edges)
+    for array in (bandwidth, latency, resource):
+        array.flags.writeable = False
     return Topology(
         name=name,
         fabric=fabric,
@@ -219,9 +234,21 @@ def build_topology(name: str, fabric: FabricSpec, nodes: int, gpus_per_node: int
         link_class=tuple(e.link_class for e in edges),
         bandwidth_bytes_per_s=bandwidth,
         latency_s=latency,
+        resource=resource,
         call_latency_s=fabric.call_latency_s,
         _template=_template_graph(template),
     )
+
+
+def _resources(edges: Sequence[_Edge]) -> IntArray:
+    """Each edge's capacity: its own, or, for the second edge of a half-duplex pair (`_both`
+    lists u->v then v->u), the first one's."""
+    resource = np.arange(len(edges), dtype=np.int64)
+    for i in range(1, len(edges)):
+        a, b = edges[i - 1], edges[i]
+        if b.link.half_duplex and (b.u, b.v) == (a.v, a.u) and b.link == a.link:
+            resource[i] = i - 1
+    return resource
 
 
 def _both(u: str, v: str, link: LinkSpec, cls: LinkClass) -> list[_Edge]:
@@ -261,11 +288,12 @@ def _nic_attachment(fabric: FabricSpec, gpus: int, nic: int) -> list[_Edge]:
 
 
 def _host_link(fabric: FabricSpec) -> tuple[LinkSpec, LinkClass]:
-    """The link to the host: PCIe on a GPU server, loopback on the CPU fabric."""
+    """The link to the host: PCIe on a GPU server, loopback on the CPU fabric (full duplex:
+    the host's side of the veth is no rank's core; a rank's own link carries its CPU cost)."""
     if fabric.pcie is not None:
         return fabric.pcie, LinkClass.PCIE
     if fabric.loopback is not None:
-        return fabric.loopback, LinkClass.LOOPBACK
+        return replace(fabric.loopback, half_duplex=False), LinkClass.LOOPBACK
     raise InputError(fabric.name, "no pcie or loopback", "a node with a host link")
 
 
@@ -476,8 +504,9 @@ def describe(topo: Topology) -> dict[str, Any]:
                 "class": str(cls),
                 "bandwidth_GBps": round(bw / 1e9, 9),
                 "latency_us": round(lat * 1e6, 6),
+                "duplex": "half" if half else "full",
                 "directed_edges": count,
             }
-            for cls, bw, lat, count in topo.link_classes()
+            for cls, bw, lat, half, count in topo.link_classes()
         ],
     }
