@@ -23,10 +23,11 @@ def uniform_star(
     step_latency_us: float,
     backend: str = "nccl",
     duplex: str = "full",
+    local_work: dict[str, float] | None = None,
 ) -> Topology:
     """n ranks on one host, each with its own link of `bandwidth_gbps` GB/s per direction
     (`duplex: half`: both directions together) to a central switch; a rank-to-rank step
-    crosses two links of half the latency each."""
+    crosses two links of half the latency each. `local_work`: the fabric's section (gloo)."""
     data: dict[str, Any] = {
         "gpu": None,
         "gpus_per_node": [n],
@@ -39,6 +40,8 @@ def uniform_star(
         "nics": {"per_node": 1, "rate_Gbps": 8, "link_class": "veth", "attach": "host"},
         "network": {"leaf_ports": 8, "oversubscription": 1.0},
     }
+    if local_work is not None:
+        data["local_work"] = local_work
     return cluster(data, 1, n, f"star{n}")
 
 

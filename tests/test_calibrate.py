@@ -238,20 +238,36 @@ def test_plan_survives_json():
 # ---- collectives: the link fit through zsim's own collective model -----------------------
 
 CALL_S, LINK_LATENCY_S, LINK_BPS = 120e-6, 15e-6, 1.5e9
+MESSAGE_S, FIRST_TOUCH_BPS = 25e-6, 2e9  # CPU per message a rank handles; page faults
+SUM_BPS = MEM_RATE / 3  # output bytes of a + b: the elementwise rate moves three operands
 
 
 def gloo_two_ranks_s(op, size):
-    """gloo's algorithms for n = 2 ranks (notes/collectives_algorithms.md section 1, without the
-    local copies), on the CPU topology where a message crosses two loopback links (rank ->
-    host -> rank): alpha = 2 x link latency; each rank's link carries one flow at B."""
-    n, alpha = 2, 2 * LINK_LATENCY_S
-    if op in ("all_reduce", "reduce_scatter_tensor"):
-        segments = -(-max(-(-size // 2**20), 2 * n) // n) * n  # roundUp(max(S/1MiB, 2n), n)
-        k = segments // n
-        return CALL_S + 2 * (n - 1) * k * alpha + 2 * (n - 1) / n * size / LINK_BPS
-    if op == "all_gather_into_tensor":
-        return CALL_S + 2 * (n - 1) * alpha + (n - 1) / n * size / LINK_BPS
-    return CALL_S + alpha + size / LINK_BPS  # broadcast (log2 2 = 1 round), send/recv
+    """gloo's algorithms for n = 2 ranks (notes/collectives_algorithms.md section 1), on the
+    CPU topology where a message crosses two loopback links (rank -> host -> rank): alpha = 2 x
+    link latency; a rank's link is half duplex, so B is shared by what it sends and receives;
+    two segments in flight, so a ring step costs one alpha; each rank's CPU pays MESSAGE_S per
+    message it sends or receives (per call), its copies run at the memcpy rate, its sums at a
+    third of the elementwise rate, and a temporary above 32 MiB is faulted in afresh."""
+    alpha = 2 * LINK_LATENCY_S
+    fresh = size / FIRST_TOUCH_BPS if size > 32 * MIB else 0.0
+    segments = -(-max(-(-size // MIB), 4) // 2) * 2  # roundUp(max(S / 1 MiB, 2n), n)
+    # reduce-scatter and all-gather loops: each rank sends and receives its k segments, but an
+    # 8-byte buffer fills only segments 0 and 1 of 4: one rank sends both, the other receives
+    messages = 4 if size < 16 else 2 * segments
+    all_reduce = CALL_S + 2 * alpha + 2 * (size / 2) / (LINK_BPS / 2)
+    all_reduce += messages * MESSAGE_S + (size / 2) / SUM_BPS
+    if op == "all_reduce":
+        return all_reduce
+    if op == "reduce_scatter_tensor":  # clone, all_reduce, copy the own half
+        return fresh + size / COPY_RATE + all_reduce + (size / 2) / COPY_RATE
+    if op == "all_gather_into_tensor":  # fresh output, prime own half, ring, copy out
+        local = fresh + (size / 2) / COPY_RATE + 4 * MESSAGE_S + size / COPY_RATE
+        return CALL_S + alpha + (size / 2) / (LINK_BPS / 2) + local
+    if op == "broadcast":  # one message, alone on both ranks' links
+        return CALL_S + alpha + size / LINK_BPS + MESSAGE_S
+    # send/recv: each rank sends to the other at once, so each link carries both directions
+    return CALL_S + alpha + size / (LINK_BPS / 2) + MESSAGE_S
 
 
 def collective_rows(noise=0.0, seed=0):
@@ -290,6 +306,8 @@ def test_fit_recovers_link_parameters_exactly():
     assert fit.profile.call_latency_s == pytest.approx(CALL_S, rel=1e-6)
     assert link.latency_s == pytest.approx(LINK_LATENCY_S, rel=1e-6)
     assert link.bandwidth_bytes_per_s == pytest.approx(LINK_BPS, rel=1e-6)
+    assert fit.profile.message_s == pytest.approx(MESSAGE_S, rel=1e-6)
+    assert fit.profile.first_touch_bytes_per_s == pytest.approx(FIRST_TOUCH_BPS, rel=1e-6)
     coll = [r for r in fit.residuals if r.kind == "collective"]
     assert len(coll) == 5
     assert all(r.worst_rel_err < 1e-6 for r in coll)
@@ -303,6 +321,8 @@ def test_fit_recovers_link_parameters_through_noise(tmp_path):
     assert fit.profile.call_latency_s == pytest.approx(CALL_S, rel=0.1)
     assert link.latency_s == pytest.approx(LINK_LATENCY_S, rel=0.2)
     assert link.bandwidth_bytes_per_s == pytest.approx(LINK_BPS, rel=0.05)
+    assert fit.profile.message_s == pytest.approx(MESSAGE_S, rel=0.2)
+    assert fit.profile.first_touch_bytes_per_s == pytest.approx(FIRST_TOUCH_BPS, rel=0.1)
     cal = Calibration("synthetic", fit.profile, rows, fit.residuals, provenance=info)
     save_profile(cal, tmp_path / "p.json")
     assert load_profile(tmp_path / "p.json") == fit.profile  # links and call latency kept

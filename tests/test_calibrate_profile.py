@@ -3,8 +3,9 @@ with the fitted numbers, reproduce the microbenchmarks they were fitted on.
 
 Predictions come from the simulator's functions, not from the fit's module: a kernel from
 `DeviceProfile.op_time_s`, a layer from `DeviceProfile.layer_time`, a copy or an Adam step from
-the profile's rates, a collective from `zsim.collectives.estimate_s` on the measured cluster's
-topology with the profile applied. Measured = the median of the stored repeats.
+the profile's rates, a collective from the flow simulation (`zsim.collectives.simulate_s`) of
+the calls the microbenchmark ran, on the measured cluster's topology with the profile applied.
+Measured = the median of the stored repeats.
 """
 
 from pathlib import Path
@@ -14,10 +15,10 @@ import pytest
 from zsim import presets
 from zsim.calibrate.fit import DEFAULT_CACHE_BYTES, fitted_ids
 from zsim.calibrate.keys import ADAM_STEP_BYTES_PER_PARAM
-from zsim.calibrate.links import apply_profile, call_of
+from zsim.calibrate.links import apply_profile, calls_of
 from zsim.calibrate.plan import Kind
 from zsim.calibrate.profile import load_calibration
-from zsim.collectives import estimate_s
+from zsim.collectives import simulate_s
 from zsim.model import ComputeOp, OpKind
 
 PROFILE = Path(__file__).parent.parent / "calibration" / "cpu-2rank.json"
@@ -48,7 +49,7 @@ def predicted_s(row):
         return row.size_bytes / PROF.host_link_bytes_per_s
     if row.kind is Kind.OPTIMIZER:
         return row.params * ADAM_STEP_BYTES_PER_PARAM / PROF.optimizer_bytes_per_s
-    return estimate_s(TOPO, call_of(TOPO, row))
+    return max(simulate_s(TOPO, calls_of(TOPO, row)))
 
 
 FITTED = [CAL.measurements[i] for i in sorted(fitted_ids(CAL.measurements, CACHE))]

@@ -10,6 +10,7 @@ from tests.helpers_network import cluster, uniform_star
 from zsim import presets
 from zsim.collectives import CollectiveCall, CollectiveOp, estimate_s, simulate_s
 from zsim.errors import InputError
+from zsim.fabric import LinkClass
 
 Op = CollectiveOp
 B = 4e9  # one rank's stack, both directions together
@@ -61,9 +62,14 @@ def test_a_lone_flow_has_the_whole_stack_and_opposite_flows_share_it():
     assert closed == pytest.approx(ALPHA + size / B, rel=1e-9)
 
 
-def test_gpu_presets_are_full_duplex():
-    for name in ("1x8-dgx-h100", "2x4-ethernet", "2x4-ib", "2x8-roce", "2x2-cpu"):
+def test_only_the_cpu_ranks_links_are_half_duplex():
+    for name in ("1x8-dgx-h100", "2x4-ethernet", "2x4-ib", "2x8-roce"):
         assert not presets.topology(name).half_duplex.any(), name
+    cpu = presets.topology("2x2-cpu")
+    for (u, v), cls, half in zip(cpu.edges, cpu.link_class, cpu.half_duplex, strict=True):
+        rank_link = "gpu" in u or "gpu" in v
+        assert half == rank_link, (u, v)  # host <-> veth and the veth itself: full duplex
+        assert cls is (LinkClass.LOOPBACK if rank_link or "host" in u + v else LinkClass.VETH)
 
 
 def test_duplex_is_full_or_half():

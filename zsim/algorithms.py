@@ -17,10 +17,13 @@ src/graph/trees.cc for the double binary tree.
   local index, an intra-node stage again (all_reduce: reduce_scatter, all_reduce of S/g,
   all_gather). Not NCCL's default; there for comparison.
 - gloo (ProcessGroupGloo, CPU tensors): all_reduce a ring sending to rank-1, k >= 2 segments per
-  chunk; all_gather a ring to rank+1 in half blocks; reduce_scatter_tensor is an all_reduce of
-  the whole input (clone + allreduce + copy); broadcast a binomial tree of whole messages, each
-  rank posting its sends once it has received; reduce a ring reduce-scatter then an incast to
-  the root; send_recv one message; all_to_all n-1 concurrent flows per rank.
+  chunk with two in flight (one latency per ring step); all_gather a ring to rank+1 in half
+  blocks; reduce_scatter_tensor is an all_reduce of the whole input (clone + allreduce + copy);
+  broadcast a binomial tree of whole messages, each rank posting its sends once it has
+  received; reduce a ring reduce-scatter then an incast to the root; send_recv one message;
+  all_to_all n-1 concurrent flows per rank. Each plan also charges the ranks' own CPU work
+  (the topology's `LocalWork`): gloo's and torch's copies, the reductions, the page faults of
+  a fresh temporary, and a cost per message a rank sends or receives.
 
 Latency: a pipelined ring's chunk crosses every hop in turn, so a ring step costs the ring's
 mean hop latency (NCCL's model likewise sums intra- and inter-node hop latencies); a chain or
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from itertools import pairwise
 
 import numpy as np
@@ -322,6 +326,10 @@ def _direct(topo: Topology, call: CollectiveCall) -> Built:
 
 # ---- gloo -----------------------------------------------------------------------------------
 
+GLOO_ELEMENT_BYTES = 4
+"""The element gloo rounds its segments to: fp32, what the CPU ranks reduce. Only buffers of a
+few elements per segment depend on it (which segments hold data, hence the message count)."""
+
 
 def gloo_allreduce_segments(nbytes: float, n: int) -> int:
     """k, segments per rank-chunk of gloo's ring allreduce (gloo/allreduce.cc `ring`):
@@ -336,25 +344,111 @@ def gloo_reduce_segments(nbytes: float, n: int) -> int:
     return math.ceil(max(segments, 2 * n) / n)
 
 
+def _filled_segments(nbytes: float, segments: int, segment_bytes: float) -> int:
+    """How many of `segments` segments start inside the buffer: gloo skips the others (a
+    segment whose offset is past the end has no length)."""
+    if nbytes <= 0:
+        return 0
+    unit = max(math.ceil(segment_bytes / GLOO_ELEMENT_BYTES), 1) * GLOO_ELEMENT_BYTES
+    return min(math.ceil(nbytes / unit), segments)
+
+
+def _holding_data(first: int, count: int, segments: int, filled: int) -> int:
+    """Of the `count` segments first, first + 1, ... (mod `segments`), those below `filled`."""
+    lo = first % segments
+    hi = lo + count  # count <= segments: the window wraps at most once
+    return max(0, min(hi, filled) - lo) + max(0, min(hi, segments + filled) - max(lo, segments))
+
+
+def _busiest_ring_rank(
+    n: int, k: int, filled: int, iterations: int, send_first: int, recv_first: int
+) -> int:
+    """Messages the busiest rank sends plus receives in a segmented ring loop: in iteration i
+    rank r sends segment (r + send_first) k + i and receives (r + recv_first) k + i."""
+    total = n * k
+    return max(
+        _holding_data((r + send_first) * k, iterations, total, filled)
+        + _holding_data((r + recv_first) * k, iterations, total, filled)
+        for r in range(n)
+    )
+
+
+def gloo_allreduce_messages(nbytes: float, n: int) -> tuple[int, int]:
+    """Messages the busiest rank sends plus receives in the reduce-scatter and the all-gather
+    loop of gloo's ring allreduce (allreduce.cc): (n-1) k iterations each; in reduce-scatter
+    rank r sends segment (r+1) k + i to r-1 and receives (r+2) k + i, in all-gather it sends
+    r k + i and receives (r+1) k + i, segments counted modulo n k, empty ones skipped. An
+    8-byte buffer fills 2 of 4 segments: each loop runs one way, 2 messages per rank, not 4."""
+    k = gloo_allreduce_segments(nbytes, n)
+    filled = _filled_segments(nbytes, n * k, nbytes / (n * k))
+    steps = (n - 1) * k
+    return (
+        _busiest_ring_rank(n, k, filled, steps, 1, 2),
+        _busiest_ring_rank(n, k, filled, steps, 0, 1),
+    )
+
+
 def _gloo(topo: Topology, call: CollectiveCall) -> Built:
-    n, size, op = len(call.group), call.nbytes, call.op
-    ring = [list(call.group)]
-    if op in (CollectiveOp.ALL_REDUCE, CollectiveOp.REDUCE_SCATTER):
-        k = gloo_allreduce_segments(size, n)
-        flows = _ring_flows(ring, size / (n * k), shift=-1)
-        alpha = _ring_latency(topo, ring, shift=-1)
-        closed = gloo_closed_form_s(op, n, size, alpha, _share(topo, flows), k)
-        return [Phase(flows, repeat=2 * (n - 1) * k, latency_s=alpha)], closed
+    n, size, op, work = len(call.group), call.nbytes, call.op, topo.local_work
+    if op is CollectiveOp.ALL_REDUCE:
+        return _gloo_allreduce(topo, call.group, size)
+    if op is CollectiveOp.REDUCE_SCATTER:
+        # ProcessGroupGloo: clone the input (a fresh block), all_reduce it, copy the own chunk
+        clone_s = work.allocate_s(size) + work.copy_s(size)
+        phases, closed = _gloo_allreduce(topo, call.group, size)
+        chunk_s = work.copy_s(size / n)
+        local = [Phase((), local_s=clone_s), *phases, Phase((), local_s=chunk_s)]
+        return local, clone_s + closed + chunk_s
     if op is CollectiveOp.ALL_GATHER:
-        flows = _ring_flows(ring, size / (2 * n))
-        alpha = _ring_latency(topo, ring)
-        closed = gloo_closed_form_s(op, n, size, alpha, _share(topo, flows))
-        return [Phase(flows, repeat=2 * (n - 1), latency_s=alpha)], closed
+        return _gloo_allgather(topo, call.group, size)
     if op is CollectiveOp.BROADCAST:
         return _gloo_broadcast(topo, call)
     if op is CollectiveOp.REDUCE:
         return _gloo_reduce(topo, call)
-    return _direct(topo, call)
+    phases, closed = _direct(topo, call)
+    # send_recv: one message at each end; all_to_all: n-1 sent and n-1 received per rank,
+    # and the own block copied (alltoall.cc)
+    messages = 1 if op is CollectiveOp.SEND_RECV else 2 * (n - 1)
+    own = 0.0 if op is CollectiveOp.SEND_RECV else work.copy_s(size / n)
+    local_s = messages * work.message_s + own
+    return [replace(phases[-1], local_s=local_s)], closed + local_s
+
+
+def _gloo_allreduce(topo: Topology, group: Sequence[int], size: float) -> Built:
+    """Ring reduce-scatter then ring all-gather (allreduce.cc `ring`, to rank-1), n-1 steps of
+    S/n each; two segments in flight, so each step exposes one latency. Each rank then pays
+    its messages and, after reduce-scatter, the sums of the (n-1)/n S bytes it received."""
+    n, work = len(group), topo.local_work
+    ring = [list(group)]
+    flows = _ring_flows(ring, size / n, shift=-1)
+    alpha = _ring_latency(topo, ring, shift=-1)
+    scatter, gather = gloo_allreduce_messages(size, n)
+    scatter_s = scatter * work.message_s + work.reduce_s((n - 1) / n * size)
+    gather_s = gather * work.message_s
+    closed = gloo_closed_form_s(CollectiveOp.ALL_REDUCE, n, size, alpha, _share(topo, flows))
+    phases = [
+        Phase(flows, repeat=n - 1, latency_s=alpha, local_s=scatter_s),
+        Phase(flows, repeat=n - 1, latency_s=alpha, local_s=gather_s),
+    ]
+    return phases, closed + scatter_s + gather_s
+
+
+def _gloo_allgather(topo: Topology, group: Sequence[int], size: float) -> Built:
+    """ProcessGroupGloo allocates a flat output (a fresh block when large), gloo primes the
+    own slot (a copy of S/n) and runs a ring to rank+1 in half blocks, two in flight: n-1
+    steps of S/n, 2(n-1) messages each way per rank; torch then copies the n slices out."""
+    n, work = len(group), topo.local_work
+    ring = [list(group)]
+    flows = _ring_flows(ring, size / n)
+    alpha = _ring_latency(topo, ring)
+    prime_s = work.allocate_s(size) + work.copy_s(size / n)
+    after_s = 4 * (n - 1) * work.message_s + work.copy_s(size)
+    closed = gloo_closed_form_s(CollectiveOp.ALL_GATHER, n, size, alpha, _share(topo, flows))
+    phases = [
+        Phase((), local_s=prime_s),
+        Phase(flows, repeat=n - 1, latency_s=alpha, local_s=after_s),
+    ]
+    return phases, prime_s + closed + after_s
 
 
 def _gloo_broadcast(topo: Topology, call: CollectiveCall) -> Built:
@@ -364,6 +458,7 @@ def _gloo_broadcast(topo: Topology, call: CollectiveCall) -> Built:
     flows: list[Flow] = []
     waits: list[tuple[int, ...]] = []
     delivered: dict[int, int] = {}  # vrank -> index of the flow that delivered to it
+    messages = [0] * n  # sent plus received, per vrank
     for i in range(math.ceil(math.log2(n))):
         for vrank in range(min(2**i, n - 2**i)):
             peer = vrank + 2**i
@@ -371,24 +466,37 @@ def _gloo_broadcast(topo: Topology, call: CollectiveCall) -> Built:
             delivered[peer] = len(flows)
             src, dst = call.group[(vrank + call.root) % n], call.group[(peer + call.root) % n]
             flows.append(Flow(src, dst, size))
+            messages[vrank] += 1
+            messages[peer] += 1
     alpha = _max_latency(topo, flows)
     closed = gloo_closed_form_s(CollectiveOp.BROADCAST, n, size, alpha, _alone(topo, flows))
-    return [Phase(tuple(flows), waits_for=tuple(waits))], closed
+    local_s = max(messages) * topo.local_work.message_s
+    return [Phase(tuple(flows), waits_for=tuple(waits), local_s=local_s)], closed + local_s
 
 
 def _gloo_reduce(topo: Topology, call: CollectiveCall) -> Built:
-    """A ring reduce-scatter of n k - 2 segment sends (gloo/reduce.cc), then every rank sends
-    its reduced chunk S/n straight to the root (an incast)."""
-    n, size = len(call.group), call.nbytes
+    """A ring reduce-scatter of n k - 2 segment sends (gloo/reduce.cc), two in flight so its
+    n-1 steps expose one latency each, then every rank sends its reduced chunk S/n straight
+    to the root (an incast)."""
+    n, size, work = len(call.group), call.nbytes, topo.local_work
     k = gloo_reduce_segments(size, n)
+    iterations = n * k - 2
     ring = [list(call.group)]
     scatter = _ring_flows(ring, size / (n * k), shift=-1)
     root = call.group[call.root]
     gather = tuple(Flow(g, root, size / n) for g in call.group if g != root)
     alpha = _ring_latency(topo, ring, shift=-1)
-    closed = (n * k - 2) * (alpha + size / (n * k * _share(topo, scatter)))
-    closed += _max_latency(topo, gather) + size / n / _share(topo, gather)
-    return [Phase(scatter, repeat=n * k - 2, latency_s=alpha), Phase(gather)], closed
+    segment = min(math.ceil(size / (2 * n)), GLOO_MAX_SEGMENT_BYTES)
+    filled = _filled_segments(size, n * k, segment)
+    ring_s = _busiest_ring_rank(n, k, filled, iterations, 1, 2) * work.message_s
+    ring_s += work.reduce_s((n - 1) / n * size)
+    gather_s = (n - 1) * work.message_s  # the root receives from every other rank
+    closed = (n - 1) * alpha + iterations * size / (n * k * _share(topo, scatter)) + ring_s
+    closed += _max_latency(topo, gather) + size / n / _share(topo, gather) + gather_s
+    return [
+        Phase(scatter, repeat=iterations, latency_s=(n - 1) * alpha / iterations, local_s=ring_s),
+        Phase(gather, local_s=gather_s),
+    ], closed
 
 
 # ---- choosing -------------------------------------------------------------------------------

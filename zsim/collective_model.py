@@ -83,19 +83,24 @@ class CollectiveCall:
 
 @dataclass(frozen=True)
 class Phase:
-    """Flows that start together; the phase ends when the last one ends.
+    """Flows that start together, then each member's own work; the phase ends when the last
+    flow has ended and the local work is done.
 
     `repeat`: identical consecutive steps, coalesced (see `zsim.network`).
     `latency_s`: one step's latency for the whole phase (a pipelined ring's mean hop, a
     chain's or a tree's pipeline fill) instead of each flow's own route latency.
     `waits_for[i]`: flows of this phase that must end before flow i starts (a dataflow, as in
     gloo's binomial broadcast); None when all start at once.
+    `local_s`: seconds every member then spends on its own CPU (gloo on the CPU fabric: copies,
+    reductions, page faults, the cost of each message); it does not overlap the transfers, as
+    a rank's one core also drives its TCP. A phase may be local work only (no flows).
     """
 
     flows: tuple[Flow, ...]
     repeat: int = 1
     latency_s: float | None = None
     waits_for: tuple[tuple[int, ...], ...] | None = None
+    local_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -150,21 +155,25 @@ def tree_closed_form_s(nbytes: float, pipeline_latency_s: float, bw: float) -> f
 def gloo_closed_form_s(
     op: CollectiveOp, n: int, nbytes: float, alpha_s: float, bw: float, segments: int = 2
 ) -> float:
-    """gloo's algorithms, one message latency alpha per segment (an upper bound: two
-    segments are in flight). `segments` is k, the segments per chunk of the ring."""
+    """gloo's algorithms on the network, without the ranks' local work (added by the caller).
+
+    gloo keeps two segments in flight (allreduce.cc, allgather.cc, reduce.cc), so a ring step's
+    segments expose one latency alpha, not one each: exactly so when a step is two segments
+    (S <= 2n MiB), and above that the segments' own transfers hide the rest. all_reduce (and
+    reduce_scatter_tensor, an all_reduce of the input) is then the textbook ring
+    2(n-1)(alpha + S/(n B)), all_gather (n-1)(alpha + S/(n B)). `segments` (k) matters only to
+    reduce, whose ring sends n k - 2 segments of S/(n k) before the root gathers S/n from each."""
     if n == 1:
         return 0.0
     if op is CollectiveOp.ALL_REDUCE or op is CollectiveOp.REDUCE_SCATTER:
-        return 2 * (n - 1) * segments * alpha_s + 2 * (n - 1) * nbytes / (n * bw)
+        return 2 * (n - 1) * (alpha_s + nbytes / (n * bw))
     if op is CollectiveOp.ALL_GATHER:
-        return 2 * (n - 1) * alpha_s + (n - 1) * nbytes / (n * bw)
+        return (n - 1) * (alpha_s + nbytes / (n * bw))
     if op is CollectiveOp.BROADCAST:
         return math.ceil(math.log2(n)) * (alpha_s + nbytes / bw)
     if op is CollectiveOp.REDUCE:
-        steps = n * segments - 2
-        return (
-            steps * (alpha_s + nbytes / (n * segments * bw)) + alpha_s + (n - 1) * nbytes / (n * bw)
-        )
+        ring = (n - 1) * alpha_s + (n * segments - 2) * nbytes / (n * segments * bw)
+        return ring + alpha_s + (n - 1) * nbytes / (n * bw)
     if op is CollectiveOp.ALL_TO_ALL:
         return alpha_s + (n - 1) * nbytes / (n * bw)
     return alpha_s + nbytes / bw

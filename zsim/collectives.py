@@ -59,8 +59,9 @@ __all__ = [
 def run_plan(
     network: FlowNetwork, chosen: Plan, exact_steps: bool = False
 ) -> Generator[simpy.Event, Any, float]:
-    """A simpy process body: the call latency, then each phase; returns the elapsed seconds.
-    `exact_steps` runs repeated steps one at a time instead of coalesced (for checking)."""
+    """A simpy process body: the call latency, then each phase (its flows, then the members'
+    local work); returns the elapsed seconds. `exact_steps` runs repeated steps one at a time
+    instead of coalesced (for checking)."""
     env = network.env
     start = env.now
     if chosen.overhead_s > 0:
@@ -73,6 +74,8 @@ def run_plan(
                 yield network.start(phase.flows, latency_s=phase.latency_s)
         else:
             yield network.start(phase.flows, repeat=phase.repeat, latency_s=phase.latency_s)
+        if phase.local_s > 0:
+            yield env.timeout(phase.local_s)
     return float(env.now - start)
 
 

@@ -12,6 +12,7 @@ Units: preset keys carry them (`bandwidth_GBps` = 1e9 bytes/s per direction, `ra
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
@@ -62,6 +63,30 @@ class LinkSpec:
 
 
 @dataclass(frozen=True)
+class LocalWork:
+    """What a rank's own CPU spends in a gloo collective besides moving bytes (the CPU fabric;
+    /work/notes/collectives_algorithms.md 1.1-1.3): a cost per message it sends or receives,
+    torch's copies into memory already touched, gloo's elementwise reductions, and the page
+    faults of a freshly mapped temporary. The default costs nothing (GPU fabrics, test stars)."""
+
+    message_s: float = 0.0  # CPU per message a rank sends or receives (syscalls, wake-ups)
+    copy_bytes_per_s: float = math.inf  # memcpy into touched memory (torch copy_, clone)
+    reduce_bytes_per_s: float = math.inf  # output bytes of a sum: reads two, writes one
+    first_touch_bytes_per_s: float = math.inf  # page faults on the first write of a fresh block
+    fresh_above_bytes: float = math.inf  # blocks larger than this are mapped fresh every call
+
+    def copy_s(self, nbytes: float) -> float:
+        return nbytes / self.copy_bytes_per_s
+
+    def reduce_s(self, nbytes: float) -> float:
+        return nbytes / self.reduce_bytes_per_s
+
+    def allocate_s(self, nbytes: float) -> float:
+        """A temporary of `nbytes`: free when the allocator reuses memory, else its faults."""
+        return nbytes / self.first_touch_bytes_per_s if nbytes > self.fresh_above_bytes else 0.0
+
+
+@dataclass(frozen=True)
 class FabricSpec:
     """A node type and the network between nodes (one preset file)."""
 
@@ -75,6 +100,7 @@ class FabricSpec:
     pcie: LinkSpec | None
     gpus_per_pcie_switch: int
     loopback: LinkSpec | None  # rank <-> host stack (CPU fabric)
+    local_work: LocalWork  # a rank's own work in gloo's collectives (CPU fabric)
     nics_per_node: int
     nic: LinkSpec  # NIC <-> leaf switch
     nic_class: LinkClass
@@ -97,6 +123,7 @@ _TOP_KEYS = {
     "loopback",
     "nics",
     "network",
+    "local_work",
     "nodes",
 }
 
@@ -156,6 +183,7 @@ def fabric_from_mapping(
             f"{source}:pcie.gpus_per_switch", pcie_map.get("gpus_per_switch", 1)
         ),
         loopback=loopback,
+        local_work=_local_work(data, source),
         nics_per_node=positive_int(f"{source}:nics.per_node", nics.get("per_node")),
         nic=LinkSpec(
             _rate_gbps(nics.get("rate_Gbps"), f"{source}:nics.rate_Gbps"),
@@ -198,6 +226,37 @@ def _link(data: Mapping[str, Any], key: str, source: str, required: bool) -> Lin
     duplex = section.get("duplex", "full")
     require(duplex in ("full", "half"), f"{source}:{key}.duplex", duplex, "full or half")
     return LinkSpec(bandwidth * GB, _latency(section, source, f"{key}."), duplex == "half")
+
+
+_LOCAL_KEYS = {
+    "message_us",
+    "copy_GBps",
+    "reduce_GBps",
+    "first_touch_GBps",
+    "fresh_above_bytes",
+}
+
+
+def _local_work(data: Mapping[str, Any], source: str) -> LocalWork:
+    if "local_work" not in data:
+        return LocalWork()
+    section = _section(data, "local_work", source)
+    _known(section, _LOCAL_KEYS, source, "local_work.")
+    for key in sorted(_LOCAL_KEYS):
+        require(key in section, f"{source}:local_work.{key}", None, "required in local_work")
+
+    def rate(key: str) -> float:
+        return positive_number(f"{source}:local_work.{key}", section[key]) * GB
+
+    return LocalWork(
+        message_s=_microseconds(section["message_us"], f"{source}:local_work.message_us"),
+        copy_bytes_per_s=rate("copy_GBps"),
+        reduce_bytes_per_s=rate("reduce_GBps"),
+        first_touch_bytes_per_s=rate("first_touch_GBps"),
+        fresh_above_bytes=positive_number(
+            f"{source}:local_work.fresh_above_bytes", section["fresh_above_bytes"]
+        ),
+    )
 
 
 def _latency(section: Mapping[str, Any], source: str, prefix: str) -> float:

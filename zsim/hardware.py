@@ -77,6 +77,8 @@ class DeviceProfile:
     layer_times: Mapping[str, LayerTime] = field(default_factory=dict)
     links: Mapping[str, LinkFit] = field(default_factory=dict)  # by link class; overrides presets
     call_latency_s: float | None = None  # fitted fixed cost per collective call; None = preset's
+    message_s: float | None = None  # fitted CPU per gloo message a rank handles; None = preset's
+    first_touch_bytes_per_s: float | None = None  # fitted page faults of fresh memory (gloo)
     backend: str = "nccl"  # "gloo" for CPU ranks: collectives and stream semantics differ
     notes: tuple[str, ...] = ()
 

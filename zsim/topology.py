@@ -39,7 +39,7 @@ import numpy as np
 import numpy.typing as npt
 
 from zsim.errors import InputError, positive_int, require
-from zsim.fabric import FabricSpec, LinkClass, LinkSpec, NicAttach
+from zsim.fabric import Backend, FabricSpec, LinkClass, LinkSpec, LocalWork, NicAttach
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -76,6 +76,7 @@ class Topology:
     latency_s: FloatArray  # per edge index
     resource: IntArray  # per edge index: the edge whose capacity it draws on (see module doc)
     call_latency_s: float
+    local_work: LocalWork  # a rank's own work in gloo's collectives (CPU fabric)
     _template: nx.DiGraph = field(repr=False)  # node 0, local names, edges carry `index`
     _node_routes: dict[str, dict[str, list[int]]] = field(default_factory=dict, repr=False)
     _routes: dict[tuple[int, int], Route] = field(default_factory=dict, repr=False)
@@ -236,6 +237,7 @@ def build_topology(name: str, fabric: FabricSpec, nodes: int, gpus_per_node: int
         latency_s=latency,
         resource=resource,
         call_latency_s=fabric.call_latency_s,
+        local_work=fabric.local_work,
         _template=_template_graph(template),
     )
 
@@ -405,6 +407,16 @@ def with_call_latency(topo: Topology, call_latency_s: float) -> Topology:
     return replace(topo, call_latency_s=call_latency_s, _node_routes={}, _routes={})
 
 
+def with_local_work(topo: Topology, **rates: float) -> Topology:
+    """A copy whose ranks' local work has the given fields of `LocalWork` (calibrated rates)."""
+    for key, value in rates.items():
+        if key == "message_s":
+            require(value >= 0, "local work message_s", value, ">= 0 s")
+        else:
+            require(value > 0, f"local work {key}", value, "> 0 bytes/s")
+    return replace(topo, local_work=replace(topo.local_work, **rates), _node_routes={}, _routes={})
+
+
 # ---- ranks and process groups -----------------------------------------------------------
 
 
@@ -482,7 +494,9 @@ def process_groups(topo: Topology, grid: RankGrid, kind: GroupKind) -> tuple[tup
 
 
 def describe(topo: Topology) -> dict[str, Any]:
-    """A JSON-ready summary: counts and each link class with its numbers."""
+    """A JSON-ready summary: counts, each link class with its numbers, and on a gloo fabric
+    its ranks' local work."""
+    gloo = topo.fabric.backend is Backend.GLOO
     kinds: dict[str, int] = {}
     for _, data in topo.graph.nodes(data=True):
         kinds[data["kind"]] = kinds.get(data["kind"], 0) + 1
@@ -509,4 +523,15 @@ def describe(topo: Topology) -> dict[str, Any]:
             }
             for cls, bw, lat, half, count in topo.link_classes()
         ],
+        **({"local_work": _local_work_summary(topo.local_work)} if gloo else {}),
+    }
+
+
+def _local_work_summary(work: LocalWork) -> dict[str, float]:
+    return {
+        "message_us": round(work.message_s * 1e6, 6),
+        "copy_GBps": round(work.copy_bytes_per_s / 1e9, 9),
+        "reduce_GBps": round(work.reduce_bytes_per_s / 1e9, 9),
+        "first_touch_GBps": round(work.first_touch_bytes_per_s / 1e9, 9),
+        "fresh_above_bytes": work.fresh_above_bytes,
     }

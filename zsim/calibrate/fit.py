@@ -10,10 +10,12 @@ count alike. What each fit feeds:
     HOST_COPY rows      t = a + bytes/rate          -> host_link_bytes_per_s
     OPTIMIZER rows      t = a + params/rate         -> host_adam_params_per_s and
                         optimizer_bytes_per_s = rate x ADAM_STEP_BYTES_PER_PARAM
-    COLLECTIVE rows     zsim.collectives' model     -> links[link class] (LinkFit)
+    COLLECTIVE rows     zsim.collectives' model     -> links[link class] (LinkFit), call
+                        latency, gloo's message_s and first_touch_bytes_per_s (its
+                        copies and sums run at the memcpy and elementwise rates above)
 
 The predictions the residuals are computed from are the simulator's own functions
-(`ComputeRates.op_time_s`, `DeviceProfile.layer_time`, the collectives' closed forms), never a
+(`ComputeRates.op_time_s`, `DeviceProfile.layer_time`, the collectives' flow simulation), never a
 copy of them.
 """
 
@@ -291,9 +293,16 @@ def fit_profile(name: str, rows: Sequence[Measurement], info: Mapping[str, Any])
         from zsim import presets
         from zsim.calibrate import links
 
-        topo = presets.topology(str(info["topology"]))
+        # the profile's measured copy and sum rates are the ranks' local work (gloo)
+        topo = links.apply_profile(presets.topology(str(info["topology"])), profile)
         fitted = links.fit_links(topo, collectives)
-        profile = replace(profile, links=fitted.links, call_latency_s=fitted.call_latency_s)
+        profile = replace(
+            profile,
+            links=fitted.links,
+            call_latency_s=fitted.call_latency_s,
+            message_s=fitted.message_s,
+            first_touch_bytes_per_s=fitted.first_touch_bytes_per_s,
+        )
         link_params = links.params_of(topo, fitted, collectives)
         link_predict = links.predictor(links.apply_profile(topo, profile))
     predictions: dict[int, float] = {}

@@ -63,6 +63,8 @@ def profile_to_dict(p: DeviceProfile) -> dict[str, Any]:
         "layer_times": {k: vars(v).copy() for k, v in sorted(p.layer_times.items())},
         "links": {k: vars(v).copy() for k, v in sorted(p.links.items())},
         "call_latency_s": p.call_latency_s,
+        "message_s": p.message_s,
+        "first_touch_bytes_per_s": p.first_touch_bytes_per_s,
         "backend": p.backend,
         "notes": list(p.notes),
     }
@@ -152,6 +154,12 @@ def profile_from_dict(d: Any, where: str = "profile.device") -> DeviceProfile:
     call_latency = data.get("call_latency_s")
     if call_latency is not None:
         call_latency = _number(f"{where}.call_latency_s", call_latency, allow_zero=True)
+    message = data.get("message_s")
+    if message is not None:
+        message = _number(f"{where}.message_s", message, allow_zero=True)
+    first_touch = data.get("first_touch_bytes_per_s")
+    if first_touch is not None:
+        first_touch = _number(f"{where}.first_touch_bytes_per_s", first_touch)
     backend = data.get("backend", "nccl")
     require(backend in ("nccl", "gloo"), f"{where}.backend", backend, "nccl or gloo")
     return DeviceProfile(
@@ -175,6 +183,8 @@ def profile_from_dict(d: Any, where: str = "profile.device") -> DeviceProfile:
         layer_times=layers,
         links=links,
         call_latency_s=call_latency,
+        message_s=message,
+        first_touch_bytes_per_s=first_touch,
         backend=backend,
         notes=tuple(notes),
     )
