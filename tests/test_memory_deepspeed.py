@@ -97,3 +97,24 @@ def test_pipeline_split_matches_deepspeed_partition_uniform(items, parts):
     assert [uniform_bounds(items, parts, p) for p in range(parts)] == [
         (bounds[p], bounds[p + 1]) for p in range(parts)
     ]
+
+
+@pytest.mark.parametrize(("stages", "micro_batches"), [(2, 4), (4, 8), (3, 2), (4, 1), (1, 3)])
+def test_pipeline_commands_match_deepspeed_train_schedule(stages, micro_batches):
+    from deepspeed.runtime.pipe import schedule as ds
+
+    from zsim.schedule import PipeCommand, deepspeed_train_commands
+
+    names = {
+        ds.SendActivation: PipeCommand.SEND_ACTIVATION,
+        ds.RecvActivation: PipeCommand.RECV_ACTIVATION,
+        ds.SendGrad: PipeCommand.SEND_GRAD,
+        ds.RecvGrad: PipeCommand.RECV_GRAD,
+        ds.ForwardPass: PipeCommand.FORWARD,
+        ds.BackwardPass: PipeCommand.BACKWARD,
+    }
+    for stage in range(stages):
+        sched = ds.TrainSchedule(micro_batches=micro_batches, stages=stages, stage_id=stage)
+        theirs = [names[type(c)] for step in sched.steps() for c in step if type(c) in names]
+        mine = [c for c, _ in deepspeed_train_commands(stages, micro_batches, stage)]
+        assert mine == theirs

@@ -7,7 +7,14 @@ import pytest
 from zsim import presets
 from zsim.hardware import ComputeRates, DeviceProfile
 from zsim.model import preset, with_overrides
-from zsim.parallel import ParallelConfig, PipelineSchedule, Precision, ZeroKnobs, ZeroStage
+from zsim.parallel import (
+    ParallelConfig,
+    PipelineEngine,
+    PipelineSchedule,
+    Precision,
+    ZeroKnobs,
+    ZeroStage,
+)
 from zsim.simulation import simulate
 
 IDEAL = presets.topology(str(Path(__file__).parent / "data" / "ideal-8.yaml"))
@@ -33,7 +40,13 @@ def ideal_step(cfg: ParallelConfig) -> float:
 @pytest.mark.parametrize("schedule", [PipelineSchedule.GPIPE, PipelineSchedule.ONE_F_ONE_B])
 def test_pipeline_bubble_matches_closed_form(p, m, schedule):
     # GPipe and 1F1B both idle (p-1)/(m+p-1) of the step (Narayanan et al. 2021, sec. 2.2)
-    cfg = ParallelConfig(pp=p, grad_accum=m, micro_batch=2, pp_schedule=schedule)
+    cfg = ParallelConfig(
+        pp=p,
+        grad_accum=m,
+        micro_batch=2,
+        pp_schedule=schedule,
+        pipeline_engine=PipelineEngine.MEGATRON,
+    )
     step = simulate(MLP, cfg, IDEAL, flat_device()).step_time_s
     bubble = (step - ideal_step(cfg)) / step
     assert bubble == pytest.approx((p - 1) / (m + p - 1), rel=1e-3)
@@ -48,6 +61,7 @@ def test_interleaving_shrinks_bubble_by_v(p, m, v):
         micro_batch=2,
         virtual_stages=v,
         pp_schedule=PipelineSchedule.INTERLEAVED,
+        pipeline_engine=PipelineEngine.MEGATRON,
     )
     step = simulate(MLP, cfg, IDEAL, flat_device()).step_time_s
     ideal = ideal_step(cfg)
@@ -121,3 +135,12 @@ def test_layout_refusals():
         ParallelConfig(pp=2, zero_stage=ZeroStage.GRADIENTS)
     with pytest.raises(InputError, match="precision"):
         flat_device().rates_for(str(Precision.BF16))
+
+
+@pytest.mark.parametrize(("p", "m"), [(2, 4), (4, 8), (4, 4)])
+def test_deepspeed_pipeline_bubble(p, m):
+    # DeepSpeed's TrainSchedule is a synchronous 1F1B: the same (p-1)/(m+p-1) bubble when
+    # communication is free
+    cfg = ParallelConfig(pp=p, grad_accum=m, micro_batch=2)
+    step = simulate(MLP, cfg, IDEAL, flat_device()).step_time_s
+    assert (step - ideal_step(cfg)) / step == pytest.approx((p - 1) / (m + p - 1), rel=1e-3)

@@ -56,6 +56,7 @@ def _add_parallel_flags(p: argparse.ArgumentParser, stage: bool = True) -> None:
     g.add_argument("--sequence-parallel", action="store_true", default=None)
     g.add_argument("--flash-attention", action="store_true", default=None)
     g.add_argument("--pp-schedule", help="gpipe, 1f1b or interleaved")
+    g.add_argument("--pipeline-engine", help="deepspeed (PipelineEngine, default) or megatron")
     g.add_argument("--virtual-stages", metavar="V", help="model chunks per rank (interleaved)")
     k = p.add_argument_group("DeepSpeed knobs (elements, as in ds_config)")
     for knob in (
@@ -101,6 +102,7 @@ def _parallel_from(args: argparse.Namespace, **extra: Any) -> Any:
             "sequence_parallel",
             "flash_attention",
             "pp_schedule",
+            "pipeline_engine",
             "virtual_stages",
             "reduce_bucket_size",
             "allgather_bucket_size",

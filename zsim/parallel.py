@@ -59,6 +59,14 @@ class PipelineSchedule(StrEnum):
     INTERLEAVED = "interleaved"
 
 
+class PipelineEngine(StrEnum):
+    """Whose pipeline runs the stages: DeepSpeed's PipelineEngine (its TrainSchedule, blocking
+    p2p) or Megatron's schedules (GPipe, 1F1B, interleaved; asynchronous p2p)."""
+
+    DEEPSPEED = "deepspeed"
+    MEGATRON = "megatron"
+
+
 @dataclass(frozen=True)
 class ZeroKnobs:
     """DeepSpeed's zero_optimization knobs that change memory or the communication schedule.
@@ -93,6 +101,7 @@ class ParallelConfig:
     offload: Offload = Offload.NONE
     sequence_parallel: bool = False
     pp_schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B
+    pipeline_engine: PipelineEngine = PipelineEngine.DEEPSPEED
     virtual_stages: int = 1  # model chunks per pipeline rank (interleaved 1F1B)
     flash_attention: bool = False
     knobs: ZeroKnobs = field(default_factory=ZeroKnobs)
@@ -128,6 +137,15 @@ class ParallelConfig:
             "parallelism)",
         )
         require(
+            self.pp == 1
+            or self.pipeline_engine is PipelineEngine.MEGATRON
+            or self.pp_schedule is PipelineSchedule.ONE_F_ONE_B,
+            "pp_schedule",
+            str(self.pp_schedule),
+            "1f1b with DeepSpeed's pipeline engine (its TrainSchedule); gpipe and interleaved "
+            "need --pipeline-engine megatron",
+        )
+        require(
             self.virtual_stages == 1 or self.pp_schedule is PipelineSchedule.INTERLEAVED,
             "virtual_stages",
             self.virtual_stages,
@@ -156,6 +174,7 @@ _ENUM_FIELDS: dict[str, type[Any]] = {
     "recompute": Recompute,
     "offload": Offload,
     "pp_schedule": PipelineSchedule,
+    "pipeline_engine": PipelineEngine,
 }
 
 

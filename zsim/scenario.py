@@ -95,6 +95,7 @@ def build_parallel(ds_config: Path | None = None, **flags: Any) -> ParallelConfi
         "recompute": par.Recompute,
         "offload": par.Offload,
         "pp_schedule": par.PipelineSchedule,
+        "pipeline_engine": par.PipelineEngine,
     }
     choices = {k: parse_choice(k, flags.pop(k, None), e) for k, e in enums.items()}
     knob_flags = {k: flags.pop(k) for k in list(flags) if k in _KNOBS and flags[k] is not None}

@@ -39,7 +39,14 @@ from zsim.errors import InputError
 from zsim.hardware import DeviceProfile
 from zsim.layout import layer_passes, rank_chunks
 from zsim.model import ComputeOp, Layer, LayerKind, ModelSpec, OpKind
-from zsim.parallel import Offload, ParallelConfig, PipelineSchedule, ZeroStage
+from zsim.parallel import (
+    Offload,
+    ParallelConfig,
+    PipelineEngine,
+    PipelineSchedule,
+    Precision,
+    ZeroStage,
+)
 
 MEMORY_OPT_ALLREDUCE_SIZE = 500_000_000  # deepspeed/runtime/constants.py, stage-0 buckets
 
@@ -227,6 +234,51 @@ def pipeline_order(cfg: ParallelConfig, stage: int) -> list[Work]:
         order += [unit(warmup + k, True), unit(k, False)]
     order += [unit(k, False) for k in range(total - warmup, total)]
     return order
+
+
+class PipeCommand(StrEnum):
+    SEND_ACTIVATION = "send_activation"
+    RECV_ACTIVATION = "recv_activation"
+    SEND_GRAD = "send_grad"
+    RECV_GRAD = "recv_grad"
+    FORWARD = "forward"
+    BACKWARD = "backward"
+
+
+def deepspeed_train_commands(p: int, m: int, stage: int) -> list[tuple[PipeCommand, int]]:
+    """DeepSpeed's `TrainSchedule.steps` (deepspeed/runtime/pipe/schedule.py), flattened:
+    2(m + p - 1) lock-step steps; even stages run forwards on even steps, odd stages on odd
+    ones; each step first exchanges the previous step's output, then computes."""
+
+    def micro_batch(step: int) -> tuple[int, bool]:
+        forward = (step % 2) == (stage % 2)
+        if forward:
+            return (step - stage % 2) // 2 - stage // 2, True
+        if step % 2 == 0:  # even step on an odd stage
+            return step // 2 - p + (stage + 1) // 2, False
+        return (step - 1) // 2 - p + 1 + stage // 2, False
+
+    def valid(mb: int) -> bool:
+        return 0 <= mb < m
+
+    out: list[tuple[PipeCommand, int]] = []
+    previous = -1
+    for step in range(2 * (m + p - 1)):
+        mb, forward = micro_batch(step)
+        if forward:
+            if valid(previous) and stage > 0:
+                out.append((PipeCommand.SEND_GRAD, previous))
+            if valid(mb) and stage > 0:
+                out.append((PipeCommand.RECV_ACTIVATION, mb))
+        else:
+            if valid(mb) and stage < p - 1:
+                out.append((PipeCommand.RECV_GRAD, mb))
+            if valid(previous) and stage < p - 1:
+                out.append((PipeCommand.SEND_ACTIVATION, previous))
+        if valid(mb):
+            out.append((PipeCommand.FORWARD if forward else PipeCommand.BACKWARD, mb))
+        previous = mb
+    return out
 
 
 # ---- building one rank's program ----------------------------------------------------------
@@ -603,21 +655,10 @@ class _Builder:
 
     # -- the step --
 
-    def micro_batch(self, work: Work, ready: dict[str, Task]) -> None:
-        """One forward or backward of one chunk, with its pipeline receive and send."""
-        cfg, p = self.cfg, self.cfg.pp
-        virtual = work.chunk * p + self.stage
+    def compute_pass(self, work: Work, deps: list[Task], tag: str) -> Task:
+        """One forward or backward of one chunk, with ZeRO's hooks and gathers inside."""
+        cfg = self.cfg
         layers = self.chunks[work.chunk]
-        tag = f"{'F' if work.forward else 'B'}{work.micro_batch}c{work.chunk}"
-        act = self.model.layer_input_bytes(cfg.micro_batch, cfg.tp, cfg.sequence_parallel, self.d)
-        deps: list[Task] = []
-        first, last = virtual == 0, virtual == p * self.v - 1
-        if work.forward and not first:
-            deps.append(self.recv(f"act{work.micro_batch}v{virtual}", act, -1))
-        if not work.forward:
-            deps.append(ready[f"F{work.micro_batch}c{work.chunk}"])
-            if not last:
-                deps.append(self.recv(f"grad{work.micro_batch}v{virtual}", act, +1))
         if work.forward and cfg.zero_stage is ZeroStage.PARAMETERS:
             self.zero3_start(layers)  # ZeRO-3 runs without pipelining: F then B per micro-step
         hooks = self.reduces_in_hooks(work.micro_batch == cfg.grad_accum - 1)
@@ -635,20 +676,78 @@ class _Builder:
                 done = [task]
         if not work.forward and hooks:
             self.flush_bucket()  # the backward epilogue reduces what is left in the bucket
+        if not work.forward and self.accumulates_in_fp32():
+            done = [self.memory_pass("fp32_grad_accumulate", 10 * self.stage_params(), done)]
+        return done[0]
+
+    def accumulates_in_fp32(self) -> bool:
+        """DeepSpeed's pipeline engine with bf16 trains through BF16_Optimizer, which adds
+        every micro-batch's bf16 gradients into fp32 ones (`_update_hp_grad`): read 2 + 4,
+        write 4 bytes per parameter of the stage."""
+        cfg = self.cfg
+        return (
+            cfg.pp > 1
+            and cfg.pipeline_engine is PipelineEngine.DEEPSPEED
+            and cfg.precision is Precision.BF16
+        )
+
+    def activation_bytes(self) -> float:
+        cfg = self.cfg
+        return self.model.layer_input_bytes(cfg.micro_batch, cfg.tp, cfg.sequence_parallel, self.d)
+
+    def megatron_micro_batch(self, work: Work, ready: dict[str, Task]) -> None:
+        """A Megatron pipeline step: receive, compute, then send asynchronously (its batched
+        isend/irecv run beside compute)."""
+        p, act = self.cfg.pp, self.activation_bytes()
+        virtual = work.chunk * p + self.stage
+        tag = f"{'F' if work.forward else 'B'}{work.micro_batch}c{work.chunk}"
+        deps: list[Task] = []
+        first, last = virtual == 0, virtual == p * self.v - 1
+        if work.forward and not first:
+            deps.append(self.recv(f"act{work.micro_batch}v{virtual}", act, -1))
+        if not work.forward:
+            deps.append(ready[f"F{work.micro_batch}c{work.chunk}"])
+            if not last:
+                deps.append(self.recv(f"grad{work.micro_batch}v{virtual}", act, +1))
+        done = [self.compute_pass(work, deps, tag)]
         ready[tag] = done[0]
         if work.forward and not last:
-            self.send(f"act{work.micro_batch}v{virtual + 1}", act, +1, done)
+            self.send(f"act{work.micro_batch}v{virtual + 1}", act, +1, done, Stream.P2P)
         if not work.forward and not first:
-            self.send(f"grad{work.micro_batch}v{virtual - 1}", act, -1, done)
+            self.send(f"grad{work.micro_batch}v{virtual - 1}", act, -1, done, Stream.P2P)
+
+    def deepspeed_pipeline(self, ready: dict[str, Task]) -> None:
+        """DeepSpeed's PipelineEngine: the instructions of its TrainSchedule, run one after
+        the other; its p2p sends block (`p2p.send`: dist.send / broadcast, async_op=False)."""
+        act, s = self.activation_bytes(), self.stage
+        cursor: list[Task] = []
+        for command, mb in deepspeed_train_commands(self.cfg.pp, self.cfg.grad_accum, s):
+            if command is PipeCommand.RECV_ACTIVATION:
+                cursor = [*cursor, self.recv(f"act{mb}v{s}", act, -1)]
+            elif command is PipeCommand.RECV_GRAD:
+                cursor = [*cursor, self.recv(f"grad{mb}v{s}", act, +1)]
+            elif command is PipeCommand.SEND_ACTIVATION:
+                cursor = [self.send(f"act{mb}v{s + 1}", act, +1, cursor, Stream.COMPUTE)]
+            elif command is PipeCommand.SEND_GRAD:
+                cursor = [self.send(f"grad{mb}v{s - 1}", act, -1, cursor, Stream.COMPUTE)]
+            else:
+                work = Work(command is PipeCommand.FORWARD, mb, 0)
+                tag = f"{'F' if work.forward else 'B'}{mb}c0"
+                deps = cursor if work.forward else [*cursor, ready[f"F{mb}c0"]]
+                cursor = [self.compute_pass(work, deps, tag)]
+                ready[tag] = cursor[0]
 
     def build(self) -> Program:
         ready: dict[str, Task] = {}
-        for work in pipeline_order(self.cfg, self.stage):
-            self.micro_batch(work, ready)
+        if self.cfg.pp > 1 and self.cfg.pipeline_engine is PipelineEngine.DEEPSPEED:
+            self.deepspeed_pipeline(ready)
+        else:
+            for work in pipeline_order(self.cfg, self.stage):
+                self.megatron_micro_batch(work, ready)
         deps = [t for k, t in ready.items() if k.startswith("B")]
         deps += [self.last_reduce] if self.last_reduce else []
-        deps = self.boundary_reduce(deps)
         deps = self.tied_embedding_reduce(deps)
+        deps = self.boundary_reduce(deps)
         deps = self.grad_norm(deps)
         deps = self.optimizer(deps)
         self.post_step_gather(deps)
@@ -745,9 +844,9 @@ class _Builder:
         task = Task(f"recv.{tag}", Stream.P2P, Category.PP_COMM, comm=comm, receives=True)
         return self.program.add(task)
 
-    def send(self, tag: str, nbytes: float, peer: int, deps: list[Task]) -> Task:
+    def send(self, tag: str, nbytes: float, peer: int, deps: list[Task], stream: Stream) -> Task:
         comm = Comm(CollectiveOp.SEND_RECV, nbytes, Group.PP, peer, tag)
-        return self.comm(f"send.{tag}", comm, Category.PP_COMM, deps, Stream.P2P)
+        return self.comm(f"send.{tag}", comm, Category.PP_COMM, deps, stream)
 
 
 def build_program(
