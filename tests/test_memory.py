@@ -81,7 +81,9 @@ def test_fp32_training_ledger():
 def test_first_stage_in_flight_micro_batches(p, m, v, expected):
     # 1F1B: min(p, m) (Narayanan 2021); interleaved: p(1 + (p-1)/(pv)) (Korthikanti 2022)
     sched = PipelineSchedule.INTERLEAVED if v > 1 else PipelineSchedule.ONE_F_ONE_B
-    cfg = ParallelConfig(pp=p, grad_accum=m, pp_schedule=sched, virtual_stages=v)
+    cfg = ParallelConfig(
+        pp=p, grad_accum=m, pp_schedule=sched, virtual_stages=v, pipeline_engine="megatron"
+    )
     assert in_flight_micro_batches(cfg) == pytest.approx(expected)
 
 
