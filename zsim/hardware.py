@@ -5,7 +5,8 @@ microbenchmarks (`calibration/reference/microbenchmarks_gemm_hbm.csv`): never fr
 training runs. A calibrated profile (`zsim calibrate`) replaces the fit with local measurements
 and may carry measured times of whole layers, which take precedence.
 
-Kernel time model (one place): a GEMM takes `overhead + flops / gemm_rate`; a bandwidth-bound
+Kernel time model (one place): a GEMM takes `overhead + max(flops / gemm_rate, bytes /
+memory_rate)` (a roofline); a bandwidth-bound
 kernel takes `overhead + bytes / memory_rate`; a fused attention kernel `overhead + flops /
 attention_rate`. The rates are achieved rates at large sizes; the overhead is the fitted
 intercept (launch plus tail effects).
@@ -39,8 +40,9 @@ class ComputeRates:
     memory_overhead_s: float
 
     def op_time_s(self, op: ComputeOp) -> float:
-        if op.kind is OpKind.GEMM:
-            return self.gemm_overhead_s + op.flops / self.gemm_flops_per_s
+        if op.kind is OpKind.GEMM:  # roofline: thin GEMMs (attention's, small k) stream
+            compute = op.flops / self.gemm_flops_per_s
+            return self.gemm_overhead_s + max(compute, op.bytes_moved / self.memory_bytes_per_s)
         if op.kind is OpKind.ATTENTION:
             return self.gemm_overhead_s + op.flops / self.attention_flops_per_s
         return self.memory_overhead_s + op.bytes_moved / self.memory_bytes_per_s
