@@ -25,15 +25,16 @@ from typing import Any
 TAG_VAR = "ZSIM_RUN_TAG"
 
 # glibc malloc as a caching allocator for CPU ranks (calibration and training alike). By
-# default glibc serves large tensors with fresh mmap()s and returns them on free, so DeepSpeed's
-# per-step buffers (gradient buckets, flattened copies, Adam temporaries) page-fault on every
-# step: measured here, that doubled a ZeRO step (8 x Linear(1024), 2 ranks: 190 -> 109 ms at
-# stage 0, 318 -> 135 ms at stage 3). The CUDA caching allocator keeps freed blocks, and so do
-# the jemalloc/TCMalloc allocators PyTorch's CPU performance guide recommends; these two
-# tunables make glibc keep them too, so the CPU testbed allocates as a GPU does.
+# default glibc serves blocks above its mmap threshold (at most 32 MiB) with fresh mmap()s and
+# unmaps them on free, so DeepSpeed's per-step buffers (the 2 GB gradient bucket, flattened
+# copies, Adam temporaries) page-fault on every step: measured here, that doubled a ZeRO step
+# (8 x Linear(1024), 2 ranks: 190 -> 90 ms at stage 0, 318 -> 125 ms at stage 3). The CUDA
+# caching allocator keeps freed blocks, and so do the jemalloc/TCMalloc allocators PyTorch's
+# CPU performance guide recommends; these two tunables (mallopt(3)) make glibc keep them too,
+# so the CPU testbed allocates as a GPU does.
 CPU_ALLOCATOR_ENV = {
-    "MALLOC_MMAP_THRESHOLD_": str(1 << 34),  # never mmap() a tensor: reuse the heap
-    "MALLOC_TRIM_THRESHOLD_": str(1 << 34),  # never give freed heap back to the kernel
+    "MALLOC_MMAP_MAX_": "0",  # never mmap() a block: every tensor comes from the heap
+    "MALLOC_TRIM_THRESHOLD_": str(1 << 40),  # never give freed heap back to the kernel
 }
 _SEQ = iter(range(1_000_000))
 
