@@ -238,7 +238,11 @@ def test_plan_survives_json():
 # ---- collectives: the link fit through zsim's own collective model -----------------------
 
 CALL_S, LINK_LATENCY_S, LINK_BPS = 120e-6, 15e-6, 1.5e9
-MESSAGE_S, FIRST_TOUCH_BPS = 25e-6, 2e9  # CPU per message a rank handles; page faults
+P2P_CALL_S = 80e-6  # send/recv, posted on the caller's thread
+MESSAGE_S = 25e-6  # CPU per message a rank handles
+# each op's own CPU per byte a rank sends plus receives; broadcast's none (the wire's reference)
+OWN_S_PER_BYTE = {"all_gather": 0.3e-9, "all_reduce": 0.05e-9, "reduce_scatter": 0.08e-9}
+OWN_S_PER_BYTE |= {"send_recv": 0.02e-9, "broadcast": 0.0}
 SUM_BPS = MEM_RATE / 3  # output bytes of a + b: the elementwise rate moves three operands
 
 
@@ -248,9 +252,11 @@ def gloo_two_ranks_s(op, size):
     link latency; a rank's link is half duplex, so B is shared by what it sends and receives;
     two segments in flight, so a ring step costs one alpha; each rank's CPU pays MESSAGE_S per
     message it sends or receives (per call), its copies run at the memcpy rate, its sums at a
-    third of the elementwise rate, and a temporary above 32 MiB is faulted in afresh."""
+    third of the elementwise rate, and the op's own OWN_S_PER_BYTE on what it sends plus
+    receives (all_gather S, all_reduce 2 S, send/recv S per call, broadcast S); send/recv has
+    its own call latency. No temporary is faulted in: the preset's allocator keeps freed
+    blocks (topologies/cpu.yaml fresh_above_bytes)."""
     alpha = 2 * LINK_LATENCY_S
-    fresh = size / FIRST_TOUCH_BPS if size > 32 * MIB else 0.0
     segments = -(-max(-(-size // MIB), 4) // 2) * 2  # roundUp(max(S / 1 MiB, 2n), n)
     # reduce-scatter and all-gather loops: each rank sends and receives its k segments, but an
     # 8-byte buffer fills only segments 0 and 1 of 4: one rank sends both, the other receives
@@ -258,16 +264,19 @@ def gloo_two_ranks_s(op, size):
     all_reduce = CALL_S + 2 * alpha + 2 * (size / 2) / (LINK_BPS / 2)
     all_reduce += messages * MESSAGE_S + (size / 2) / SUM_BPS
     if op == "all_reduce":
-        return all_reduce
+        return all_reduce + 2 * size * OWN_S_PER_BYTE["all_reduce"]
     if op == "reduce_scatter_tensor":  # clone, all_reduce, copy the own half
-        return fresh + size / COPY_RATE + all_reduce + (size / 2) / COPY_RATE
-    if op == "all_gather_into_tensor":  # fresh output, prime own half, ring, copy out
-        local = fresh + (size / 2) / COPY_RATE + 4 * MESSAGE_S + size / COPY_RATE
+        own = 2 * size * OWN_S_PER_BYTE["reduce_scatter"]
+        return size / COPY_RATE + all_reduce + (size / 2) / COPY_RATE + own
+    if op == "all_gather_into_tensor":  # flat output, prime own half, ring, copy out
+        local = (size / 2) / COPY_RATE + 4 * MESSAGE_S + size / COPY_RATE
+        local += size * OWN_S_PER_BYTE["all_gather"]
         return CALL_S + alpha + (size / 2) / (LINK_BPS / 2) + local
     if op == "broadcast":  # one message, alone on both ranks' links
-        return CALL_S + alpha + size / LINK_BPS + MESSAGE_S
+        return CALL_S + alpha + size / LINK_BPS + MESSAGE_S + size * OWN_S_PER_BYTE["broadcast"]
     # send/recv: each rank sends to the other at once, so each link carries both directions
-    return CALL_S + alpha + size / (LINK_BPS / 2) + MESSAGE_S
+    own = size * OWN_S_PER_BYTE["send_recv"]
+    return P2P_CALL_S + alpha + size / (LINK_BPS / 2) + MESSAGE_S + own
 
 
 def collective_rows(noise=0.0, seed=0):
@@ -307,7 +316,12 @@ def test_fit_recovers_link_parameters_exactly():
     assert link.latency_s == pytest.approx(LINK_LATENCY_S, rel=1e-6)
     assert link.bandwidth_bytes_per_s == pytest.approx(LINK_BPS, rel=1e-6)
     assert fit.profile.message_s == pytest.approx(MESSAGE_S, rel=1e-6)
-    assert fit.profile.first_touch_bytes_per_s == pytest.approx(FIRST_TOUCH_BPS, rel=1e-6)
+    assert fit.profile.first_touch_bytes_per_s is None  # no row faults a temporary in
+    assert fit.profile.p2p_call_latency_s == pytest.approx(P2P_CALL_S, rel=1e-6)
+    own = fit.profile.op_s_per_byte
+    assert set(own) == set(OWN_S_PER_BYTE)
+    for op, s_per_byte in OWN_S_PER_BYTE.items():
+        assert own[op] == pytest.approx(s_per_byte, rel=1e-6, abs=1e-18), op
     coll = [r for r in fit.residuals if r.kind == "collective"]
     assert len(coll) == 5
     assert all(r.worst_rel_err < 1e-6 for r in coll)
@@ -322,7 +336,8 @@ def test_fit_recovers_link_parameters_through_noise(tmp_path):
     assert link.latency_s == pytest.approx(LINK_LATENCY_S, rel=0.2)
     assert link.bandwidth_bytes_per_s == pytest.approx(LINK_BPS, rel=0.05)
     assert fit.profile.message_s == pytest.approx(MESSAGE_S, rel=0.2)
-    assert fit.profile.first_touch_bytes_per_s == pytest.approx(FIRST_TOUCH_BPS, rel=0.1)
+    assert fit.profile.p2p_call_latency_s == pytest.approx(P2P_CALL_S, rel=0.2)
+    assert fit.profile.op_s_per_byte["all_gather"] == pytest.approx(0.3e-9, rel=0.1)
     cal = Calibration("synthetic", fit.profile, rows, fit.residuals, provenance=info)
     save_profile(cal, tmp_path / "p.json")
     assert load_profile(tmp_path / "p.json") == fit.profile  # links and call latency kept

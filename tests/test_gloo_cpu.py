@@ -11,9 +11,10 @@ import pytest
 
 from tests.helpers_network import cluster, uniform_star
 from zsim import presets
-from zsim.algorithms import gloo_allreduce_messages
+from zsim.algorithms import gloo_allreduce_messages, plan
 from zsim.collectives import CollectiveCall, CollectiveOp, estimate_s, simulate_s
 from zsim.errors import InputError
+from zsim.topology import with_call_latency, with_local_work
 
 Op = CollectiveOp
 MIB = 2**20
@@ -150,6 +151,70 @@ def test_only_blocks_above_the_allocator_threshold_fault():
     [t_above] = simulate_s(topo, [CollectiveCall(Op.ALL_GATHER, above, (0, 1))])
     streaming = (above - at) * (1 / (B / 2) / 2 + 1.5 / COPY_BPS)
     assert t_above - t_at == pytest.approx(above / TOUCH_BPS + streaming, rel=1e-6)
+
+
+# ---- each op's own CPU per byte, send/recv's own call latency --------------------------------
+
+OWN_S_PER_BYTE = 0.5e-9
+
+
+def moved_bytes(op, n, size):
+    """What the busiest rank sends plus receives (notes section 1): the ring all_reduce (and
+    reduce_scatter_tensor, an all_reduce of the input) 2 x 2(n-1)/n S, all_gather and
+    all_to_all 2(n-1)/n S, a binomial broadcast's root one S per round (ceil(log2 n)),
+    send_recv S at each end."""
+    if op in (Op.ALL_REDUCE, Op.REDUCE_SCATTER):
+        return 4 * (n - 1) / n * size
+    if op in (Op.ALL_GATHER, Op.ALL_TO_ALL):
+        return 2 * (n - 1) / n * size
+    if op is Op.BROADCAST:
+        return math.ceil(math.log2(n)) * size
+    return size
+
+
+@pytest.mark.parametrize(
+    ("op", "n"),
+    [
+        (Op.ALL_REDUCE, 2),
+        (Op.ALL_REDUCE, 4),
+        (Op.REDUCE_SCATTER, 3),
+        (Op.ALL_GATHER, 2),
+        (Op.ALL_GATHER, 4),
+        (Op.BROADCAST, 2),
+        (Op.BROADCAST, 4),
+        (Op.SEND_RECV, 2),
+        (Op.ALL_TO_ALL, 4),
+    ],
+)
+def test_each_op_pays_its_own_cost_per_byte_moved(op, n):
+    size = 4 * MIB
+    call = CollectiveCall(op, size, tuple(range(n)))
+    base = star(n, LOCAL)
+    own = with_local_work(base, {op: OWN_S_PER_BYTE})
+    others = with_local_work(base, {o: OWN_S_PER_BYTE for o in Op if o is not op})
+    t_base, t_own = both(base, call), both(own, call)
+    for got, ref in zip(t_own, t_base, strict=True):
+        assert got - ref == pytest.approx(OWN_S_PER_BYTE * moved_bytes(op, n, size), rel=1e-6)
+    assert both(others, call) == pytest.approx(t_base, rel=1e-12)
+    # the traffic is the same: only the ranks' CPU work grows
+    assert [p.flows for p in plan(own, call).phases] == [p.flows for p in plan(base, call).phases]
+
+
+def test_send_recv_pays_its_own_call_latency():
+    common = with_call_latency(star(2, LOCAL), 100e-6)
+    own = with_call_latency(star(2, LOCAL), 100e-6, p2p_call_latency_s=40e-6)
+    send = CollectiveCall(Op.SEND_RECV, 4096, (0, 1))
+    reduce = CollectiveCall(Op.ALL_REDUCE, 4096, (0, 1))
+    assert both(own, send)[0] - both(common, send)[0] == pytest.approx(-60e-6, rel=1e-9)
+    assert both(own, reduce) == both(common, reduce)
+
+
+def test_nccl_ignores_the_ranks_local_work():
+    topo = presets.topology("1x8-dgx-h100")
+    costly = with_local_work(topo, dict.fromkeys(Op, 1.0), message_s=1.0)
+    for op in (Op.ALL_REDUCE, Op.ALL_GATHER, Op.BROADCAST):
+        call = CollectiveCall(op, 64 * MIB, tuple(range(8)))
+        assert both(costly, call) == both(topo, call)
 
 
 # ---- the preset: every plan's simulation against its closed form ----------------------------

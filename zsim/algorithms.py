@@ -23,7 +23,10 @@ src/graph/trees.cc for the double binary tree.
   received; reduce a ring reduce-scatter then an incast to the root; send_recv one message;
   all_to_all n-1 concurrent flows per rank. Each plan also charges the ranks' own CPU work
   (the topology's `LocalWork`): gloo's and torch's copies, the reductions, the page faults of
-  a fresh temporary, and a cost per message a rank sends or receives.
+  a fresh temporary, a cost per message a rank sends or receives, and the op's own cost per
+  byte the busiest rank sends plus receives (`LocalWork.op_s`), charged in each phase for the
+  bytes it moves. send_recv pays the topology's send/recv call latency where it has one
+  (torch posts gloo's send and recv on the caller's thread, not the worker queue).
 
 Latency: a pipelined ring's chunk crosses every hop in turn, so a ring step costs the ring's
 mean hop latency (NCCL's model likewise sums intra- and inter-node hop latencies); a chain or
@@ -391,11 +394,11 @@ def gloo_allreduce_messages(nbytes: float, n: int) -> tuple[int, int]:
 def _gloo(topo: Topology, call: CollectiveCall) -> Built:
     n, size, op, work = len(call.group), call.nbytes, call.op, topo.local_work
     if op is CollectiveOp.ALL_REDUCE:
-        return _gloo_allreduce(topo, call.group, size)
+        return _gloo_allreduce(topo, call.group, size, op)
     if op is CollectiveOp.REDUCE_SCATTER:
         # ProcessGroupGloo: clone the input (a fresh block), all_reduce it, copy the own chunk
         clone_s = work.allocate_s(size) + work.copy_s(size)
-        phases, closed = _gloo_allreduce(topo, call.group, size)
+        phases, closed = _gloo_allreduce(topo, call.group, size, op)
         chunk_s = work.copy_s(size / n)
         local = [Phase((), local_s=clone_s), *phases, Phase((), local_s=chunk_s)]
         return local, clone_s + closed + chunk_s
@@ -406,25 +409,30 @@ def _gloo(topo: Topology, call: CollectiveCall) -> Built:
     if op is CollectiveOp.REDUCE:
         return _gloo_reduce(topo, call)
     phases, closed = _direct(topo, call)
-    # send_recv: one message at each end; all_to_all: n-1 sent and n-1 received per rank,
-    # and the own block copied (alltoall.cc)
-    messages = 1 if op is CollectiveOp.SEND_RECV else 2 * (n - 1)
-    own = 0.0 if op is CollectiveOp.SEND_RECV else work.copy_s(size / n)
-    local_s = messages * work.message_s + own
+    # send_recv: one message of S at each end; all_to_all: n-1 blocks of S/n sent and n-1
+    # received per rank, and the own block copied (alltoall.cc)
+    p2p = op is CollectiveOp.SEND_RECV
+    messages = 1 if p2p else 2 * (n - 1)
+    own = 0.0 if p2p else work.copy_s(size / n)
+    moved = size if p2p else 2 * (n - 1) / n * size
+    local_s = messages * work.message_s + own + work.op_s(op, moved)
     return [replace(phases[-1], local_s=local_s)], closed + local_s
 
 
-def _gloo_allreduce(topo: Topology, group: Sequence[int], size: float) -> Built:
+def _gloo_allreduce(topo: Topology, group: Sequence[int], size: float, op: CollectiveOp) -> Built:
     """Ring reduce-scatter then ring all-gather (allreduce.cc `ring`, to rank-1), n-1 steps of
     S/n each; two segments in flight, so each step exposes one latency. Each rank then pays
-    its messages and, after reduce-scatter, the sums of the (n-1)/n S bytes it received."""
+    its messages, after reduce-scatter the sums of the (n-1)/n S bytes it received, and in
+    each loop `op`'s own cost for the 2 (n-1)/n S bytes it sends plus receives (`op` is
+    all_reduce, or reduce_scatter, which torch runs as this all_reduce)."""
     n, work = len(group), topo.local_work
     ring = [list(group)]
     flows = _ring_flows(ring, size / n, shift=-1)
     alpha = _ring_latency(topo, ring, shift=-1)
     scatter, gather = gloo_allreduce_messages(size, n)
-    scatter_s = scatter * work.message_s + work.reduce_s((n - 1) / n * size)
-    gather_s = gather * work.message_s
+    own_s = work.op_s(op, 2 * (n - 1) / n * size)
+    scatter_s = scatter * work.message_s + work.reduce_s((n - 1) / n * size) + own_s
+    gather_s = gather * work.message_s + own_s
     closed = gloo_closed_form_s(CollectiveOp.ALL_REDUCE, n, size, alpha, _share(topo, flows))
     phases = [
         Phase(flows, repeat=n - 1, latency_s=alpha, local_s=scatter_s),
@@ -436,13 +444,15 @@ def _gloo_allreduce(topo: Topology, group: Sequence[int], size: float) -> Built:
 def _gloo_allgather(topo: Topology, group: Sequence[int], size: float) -> Built:
     """ProcessGroupGloo allocates a flat output (a fresh block when large), gloo primes the
     own slot (a copy of S/n) and runs a ring to rank+1 in half blocks, two in flight: n-1
-    steps of S/n, 2(n-1) messages each way per rank; torch then copies the n slices out."""
+    steps of S/n, 2(n-1) messages each way per rank; torch then copies the n slices out. The
+    op's own cost is charged on the 2 (n-1)/n S bytes a rank sends plus receives."""
     n, work = len(group), topo.local_work
     ring = [list(group)]
     flows = _ring_flows(ring, size / n)
     alpha = _ring_latency(topo, ring)
     prime_s = work.allocate_s(size) + work.copy_s(size / n)
-    after_s = 4 * (n - 1) * work.message_s + work.copy_s(size)
+    own_s = work.op_s(CollectiveOp.ALL_GATHER, 2 * (n - 1) / n * size)
+    after_s = 4 * (n - 1) * work.message_s + work.copy_s(size) + own_s
     closed = gloo_closed_form_s(CollectiveOp.ALL_GATHER, n, size, alpha, _share(topo, flows))
     phases = [
         Phase((), local_s=prime_s),
@@ -453,7 +463,8 @@ def _gloo_allgather(topo: Topology, group: Sequence[int], size: float) -> Built:
 
 def _gloo_broadcast(topo: Topology, call: CollectiveCall) -> Built:
     """Binomial tree (gloo/broadcast.cc): in round i virtual ranks below 2^i send the whole
-    message to vrank + 2^i; sends are posted at once, so a rank's sends share its link."""
+    message to vrank + 2^i; sends are posted at once, so a rank's sends share its link. The
+    busiest rank's messages each cost `message_s` and move S bytes at the op's own cost."""
     n, size = len(call.group), call.nbytes
     flows: list[Flow] = []
     waits: list[tuple[int, ...]] = []
@@ -470,14 +481,16 @@ def _gloo_broadcast(topo: Topology, call: CollectiveCall) -> Built:
             messages[peer] += 1
     alpha = _max_latency(topo, flows)
     closed = gloo_closed_form_s(CollectiveOp.BROADCAST, n, size, alpha, _alone(topo, flows))
-    local_s = max(messages) * topo.local_work.message_s
+    work = topo.local_work
+    local_s = max(messages) * (work.message_s + work.op_s(CollectiveOp.BROADCAST, size))
     return [Phase(tuple(flows), waits_for=tuple(waits), local_s=local_s)], closed + local_s
 
 
 def _gloo_reduce(topo: Topology, call: CollectiveCall) -> Built:
     """A ring reduce-scatter of n k - 2 segment sends (gloo/reduce.cc), two in flight so its
     n-1 steps expose one latency each, then every rank sends its reduced chunk S/n straight
-    to the root (an incast)."""
+    to the root (an incast). The op's own cost is charged on the bytes the busiest rank sends
+    plus receives in each part."""
     n, size, work = len(call.group), call.nbytes, topo.local_work
     k = gloo_reduce_segments(size, n)
     iterations = n * k - 2
@@ -490,7 +503,9 @@ def _gloo_reduce(topo: Topology, call: CollectiveCall) -> Built:
     filled = _filled_segments(size, n * k, segment)
     ring_s = _busiest_ring_rank(n, k, filled, iterations, 1, 2) * work.message_s
     ring_s += work.reduce_s((n - 1) / n * size)
-    gather_s = (n - 1) * work.message_s  # the root receives from every other rank
+    ring_s += work.op_s(CollectiveOp.REDUCE, 2 * iterations * size / (n * k))
+    # the root receives from every other rank
+    gather_s = (n - 1) * work.message_s + work.op_s(CollectiveOp.REDUCE, (n - 1) / n * size)
     closed = (n - 1) * alpha + iterations * size / (n * k * _share(topo, scatter)) + ring_s
     closed += _max_latency(topo, gather) + size / n / _share(topo, gather) + gather_s
     return [
@@ -526,6 +541,8 @@ def plan(topo: Topology, call: CollectiveCall) -> Plan:
     topo.check_gpus(call.group)
     name, build = _builder(topo, call)
     overhead = topo.call_latency_s
+    if call.op is CollectiveOp.SEND_RECV and topo.p2p_call_latency_s is not None:
+        overhead = topo.p2p_call_latency_s
     if len(call.group) == 1:
         return Plan(call, name, (), overhead, overhead)
     if name == "nccl-ring" and _nccl_prefers_tree(topo, call):

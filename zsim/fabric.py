@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -66,20 +66,34 @@ class LinkSpec:
 class LocalWork:
     """What a rank's own CPU spends in a gloo collective besides moving bytes (the CPU fabric;
     /work/notes/collectives_algorithms.md 1.1-1.3): a cost per message it sends or receives,
-    torch's copies into memory already touched, gloo's elementwise reductions, and the page
-    faults of a freshly mapped temporary. The default costs nothing (GPU fabrics, test stars)."""
+    torch's copies into memory already touched, gloo's elementwise reductions, the page
+    faults of a freshly mapped temporary, and each op's own cost per byte it moves. The default
+    costs nothing (GPU fabrics, test stars).
+
+    `op_s_per_byte` (by `zsim.collective_model.CollectiveOp`; an op not in it costs nothing) is
+    the CPU a rank spends per byte it sends plus receives in that op beyond everything else
+    modelled here and beyond the wire (the link class's bandwidth): the work the ops do not
+    share, such as torch's flatten, temporary output and copy-out around gloo's all_gather and
+    gloo's half-block loop (collectives_algorithms.md 1.2), or its segment loop and scratch
+    buffer in all_reduce. It is fitted per op from calibration (`zsim.calibrate.links`), the
+    op that moves bytes most cheaply defining the wire."""
 
     message_s: float = 0.0  # CPU per message a rank sends or receives (syscalls, wake-ups)
     copy_bytes_per_s: float = math.inf  # memcpy into touched memory (torch copy_, clone)
     reduce_bytes_per_s: float = math.inf  # output bytes of a sum: reads two, writes one
     first_touch_bytes_per_s: float = math.inf  # page faults on the first write of a fresh block
     fresh_above_bytes: float = math.inf  # blocks larger than this are mapped fresh every call
+    op_s_per_byte: Mapping[str, float] = field(default_factory=dict)  # by op: CPU s per byte moved
 
     def copy_s(self, nbytes: float) -> float:
         return nbytes / self.copy_bytes_per_s
 
     def reduce_s(self, nbytes: float) -> float:
         return nbytes / self.reduce_bytes_per_s
+
+    def op_s(self, op: str, moved_bytes: float) -> float:
+        """`op`'s own CPU for `moved_bytes` a rank sends plus receives (`op_s_per_byte`)."""
+        return moved_bytes * self.op_s_per_byte.get(op, 0.0)
 
     def allocate_s(self, nbytes: float) -> float:
         """A temporary of `nbytes`: free when the allocator reuses memory, else its faults."""

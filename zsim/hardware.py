@@ -81,6 +81,12 @@ class DeviceProfile:
     call_latency_s: float | None = None  # fitted fixed cost per collective call; None = preset's
     message_s: float | None = None  # fitted CPU per gloo message a rank handles; None = preset's
     first_touch_bytes_per_s: float | None = None  # fitted page faults of fresh memory (gloo)
+    # fitted fixed cost of a gloo send/recv (posted on the caller's thread, not the process
+    # group's worker queue); None = call_latency_s
+    p2p_call_latency_s: float | None = None
+    # fitted CPU seconds per byte a rank sends plus receives in each gloo op (by CollectiveOp
+    # value) beyond the wire and the modelled copies and sums (fabric.LocalWork.op_s_per_byte)
+    op_s_per_byte: Mapping[str, float] = field(default_factory=dict)
     backend: str = "nccl"  # "gloo" for CPU ranks: collectives and stream semantics differ
     notes: tuple[str, ...] = ()
 

@@ -28,7 +28,7 @@ The two agree when pp = 1.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from itertools import pairwise
@@ -76,6 +76,9 @@ class Topology:
     latency_s: FloatArray  # per edge index
     resource: IntArray  # per edge index: the edge whose capacity it draws on (see module doc)
     call_latency_s: float
+    # send/recv's own fixed cost where it differs from call_latency_s (gloo: torch posts them
+    # on the caller's thread, not through the process group's worker queue); None = the same
+    p2p_call_latency_s: float | None
     local_work: LocalWork  # a rank's own work in gloo's collectives (CPU fabric)
     _template: nx.DiGraph = field(repr=False)  # node 0, local names, edges carry `index`
     _node_routes: dict[str, dict[str, list[int]]] = field(default_factory=dict, repr=False)
@@ -237,6 +240,7 @@ def build_topology(name: str, fabric: FabricSpec, nodes: int, gpus_per_node: int
         latency_s=latency,
         resource=resource,
         call_latency_s=fabric.call_latency_s,
+        p2p_call_latency_s=None,
         local_work=fabric.local_work,
         _template=_template_graph(template),
     )
@@ -401,20 +405,39 @@ def with_link_class(
     )
 
 
-def with_call_latency(topo: Topology, call_latency_s: float) -> Topology:
-    """A copy with a measured per-call collective latency."""
+def with_call_latency(
+    topo: Topology, call_latency_s: float, p2p_call_latency_s: float | None = None
+) -> Topology:
+    """A copy with a measured per-call collective latency and, when given, send/recv's own."""
     require(call_latency_s >= 0, "call latency", call_latency_s, ">= 0 s")
-    return replace(topo, call_latency_s=call_latency_s, _node_routes={}, _routes={})
+    p2p = p2p_call_latency_s
+    require(p2p is None or p2p >= 0, "send/recv call latency", p2p, ">= 0 s")
+    return replace(
+        topo,
+        call_latency_s=call_latency_s,
+        p2p_call_latency_s=p2p,
+        _node_routes={},
+        _routes={},
+    )
 
 
-def with_local_work(topo: Topology, **rates: float) -> Topology:
-    """A copy whose ranks' local work has the given fields of `LocalWork` (calibrated rates)."""
+def with_local_work(
+    topo: Topology, op_s_per_byte: Mapping[str, float] | None = None, **rates: float
+) -> Topology:
+    """A copy whose ranks' local work has the given fields of `LocalWork` (calibrated rates),
+    and, when given, the ops' own costs per byte (`LocalWork.op_s_per_byte`, replaced whole)."""
     for key, value in rates.items():
         if key == "message_s":
             require(value >= 0, "local work message_s", value, ">= 0 s")
         else:
             require(value > 0, f"local work {key}", value, "> 0 bytes/s")
-    return replace(topo, local_work=replace(topo.local_work, **rates), _node_routes={}, _routes={})
+    fields: dict[str, Any] = dict(rates)  # the float fields of LocalWork
+    work = replace(topo.local_work, **fields)
+    if op_s_per_byte is not None:
+        for op, value in op_s_per_byte.items():
+            require(value >= 0, f"local work op_s_per_byte.{op}", value, ">= 0 s per byte")
+        work = replace(work, op_s_per_byte=dict(op_s_per_byte))
+    return replace(topo, local_work=work, _node_routes={}, _routes={})
 
 
 # ---- ranks and process groups -----------------------------------------------------------
@@ -513,6 +536,11 @@ def describe(topo: Topology) -> dict[str, Any]:
         "rail_optimized": topo.fabric.rail_optimized,
         "oversubscription": topo.fabric.oversubscription,
         "call_latency_us": round(topo.call_latency_s * 1e6, 6),
+        **(
+            {"p2p_call_latency_us": round(topo.p2p_call_latency_s * 1e6, 6)}
+            if topo.p2p_call_latency_s is not None
+            else {}
+        ),
         "links": [
             {
                 "class": str(cls),
@@ -527,11 +555,16 @@ def describe(topo: Topology) -> dict[str, Any]:
     }
 
 
-def _local_work_summary(work: LocalWork) -> dict[str, float]:
-    return {
+def _local_work_summary(work: LocalWork) -> dict[str, Any]:
+    out: dict[str, Any] = {
         "message_us": round(work.message_s * 1e6, 6),
         "copy_GBps": round(work.copy_bytes_per_s / 1e9, 9),
         "reduce_GBps": round(work.reduce_bytes_per_s / 1e9, 9),
         "first_touch_GBps": round(work.first_touch_bytes_per_s / 1e9, 9),
         "fresh_above_bytes": work.fresh_above_bytes,
     }
+    if work.op_s_per_byte:
+        out["op_ns_per_byte"] = {
+            str(op): round(v * 1e9, 9) for op, v in sorted(work.op_s_per_byte.items())
+        }
+    return out

@@ -11,7 +11,8 @@ count alike. What each fit feeds:
     OPTIMIZER rows      t = a + params/rate         -> host_adam_params_per_s and
                         optimizer_bytes_per_s = rate x ADAM_STEP_BYTES_PER_PARAM
     COLLECTIVE rows     zsim.collectives' model     -> links[link class] (LinkFit), call
-                        latency, gloo's message_s and first_touch_bytes_per_s (its
+                        latency, gloo's send/recv call latency, message_s,
+                        first_touch_bytes_per_s and each op's own op_s_per_byte (its
                         copies and sums run at the memcpy and elementwise rates above)
 
 The predictions the residuals are computed from are the simulator's own functions
@@ -302,6 +303,8 @@ def fit_profile(name: str, rows: Sequence[Measurement], info: Mapping[str, Any])
             call_latency_s=fitted.call_latency_s,
             message_s=fitted.message_s,
             first_touch_bytes_per_s=fitted.first_touch_bytes_per_s,
+            p2p_call_latency_s=fitted.p2p_call_latency_s,
+            op_s_per_byte=fitted.op_s_per_byte,
         )
         link_params = links.params_of(topo, fitted, collectives)
         link_predict = links.predictor(links.apply_profile(topo, profile))

@@ -4,17 +4,26 @@ measured cluster's topology) reproduces the measured collective times.
 
 The model's time of a call is linear in its unknowns as long as the bottleneck link class of a
 route does not change: t = call_latency + sum_c a_c * latency_c + b * (1 / bandwidth_g)
-+ m * message + f * (1 / first_touch), where a_c counts the link latencies of class c the
-algorithm pays, b the bytes it pushes through the group's bottleneck class g, m the messages the
-busiest rank handles and f the bytes of fresh temporaries it faults in (gloo). The coefficients
-are read off the model itself by probing it (every unknown at zero cost, then one at 1 s or
-1 B/s), so no formula of zsim.collectives is copied here. The unknowns are then found by
-non-negative least squares on relative error, and the residuals are computed with the real
-simulator at the fitted values.
++ m * message + f * (1 / first_touch) + v_op * s_op, where a_c counts the link latencies of
+class c the algorithm pays, b the bytes it pushes through the group's bottleneck class g, m the
+messages the busiest rank handles, f the bytes of fresh temporaries it faults in and v_op the
+bytes the busiest rank sends plus receives, at its op's own CPU cost s_op per byte (gloo). On
+gloo, send/recv has its own call latency (torch posts it on the caller's thread, not through
+the process group's worker queue). The coefficients are read off the model itself by probing
+it (every unknown at zero cost, then one at 1 s, 1 B/s or 1 s/B), so no formula of
+zsim.collectives is copied here. The unknowns are then found by non-negative least squares on
+relative error, and the residuals are computed with the real simulator at the fitted values.
+
+The ops' own costs and the wire's bandwidth are not separable (each op's bytes on the wire and
+bytes moved grow together): the wire is defined as what the op that moves bytes most cheaply
+sees, i.e. one op's own cost is held at zero, and of the fits with each op as that reference
+the one of least error is kept (with exact data: the only one whose other costs are all
+non-negative). An op's cost is then its CPU per byte beyond that op's.
 
 What the profile measures directly is not fitted here: a gloo rank's copies run at the
 profile's memcpy rate and its sums at its elementwise rate (`local_rates`), so only the page
-faults of fresh memory and the cost per message come from the collective rows.
+faults of fresh memory, the cost per message and the ops' own costs per byte come from the
+collective rows (microbenchmarks only: never end-to-end runs).
 
 `apply_profile` is how a profile's links, call latency and local work override a topology: the
 simulator and this fit use the same function.
@@ -24,7 +33,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -53,10 +62,13 @@ the elementwise rate the profile measures (bytes moved)."""
 
 def apply_profile(topo: Topology, profile: DeviceProfile) -> Topology:
     """`topo` with the profile's fitted links (by class) and call latency, and, for a gloo
-    profile on a gloo fabric, its ranks' local work (`local_rates`)."""
-    topo = _with_links(topo, profile.links, profile.call_latency_s)
-    if profile.backend == "gloo" and topo.fabric.backend is Backend.GLOO:
-        topo = with_local_work(topo, **local_rates(profile))
+    profile on a gloo fabric, send/recv's own call latency and its ranks' local work
+    (`local_rates`, and the ops' own costs per byte)."""
+    gloo = profile.backend == "gloo" and topo.fabric.backend is Backend.GLOO
+    p2p = profile.p2p_call_latency_s if gloo else None
+    topo = _with_links(topo, profile.links, profile.call_latency_s, p2p)
+    if gloo:
+        topo = with_local_work(topo, dict(profile.op_s_per_byte), **local_rates(profile))
     return topo
 
 
@@ -78,7 +90,10 @@ def local_rates(profile: DeviceProfile) -> dict[str, float]:
 
 
 def _with_links(
-    topo: Topology, links: Mapping[str, LinkFit], call_latency_s: float | None
+    topo: Topology,
+    links: Mapping[str, LinkFit],
+    call_latency_s: float | None,
+    p2p_call_latency_s: float | None = None,
 ) -> Topology:
     for cls in sorted(links):
         if any(str(c) == cls for c in topo.link_class):
@@ -90,7 +105,7 @@ def _with_links(
                 latency_s=link.latency_s,
             )
     if call_latency_s is not None:
-        topo = with_call_latency(topo, call_latency_s)
+        topo = with_call_latency(topo, call_latency_s, p2p_call_latency_s)
     return topo
 
 
@@ -143,24 +158,33 @@ def link_class_of(topo: Topology, group: str, ranks: int) -> str:
 @dataclass(frozen=True)
 class LinkModelFit:
     """The fitted call latency, links and ranks' local work (`message_s`,
-    `first_touch_bytes_per_s`, None where no row depends on it), and the model's time of each
-    fitted row."""
+    `first_touch_bytes_per_s`, None where no row depends on it), send/recv's own call latency
+    and the ops' own costs per byte (gloo: None and empty elsewhere, the reference op at 0),
+    and the model's time of each fitted row."""
 
     call_latency_s: float
     links: dict[str, LinkFit]
     predictions: dict[int, float]  # row index -> seconds
     message_s: float | None = None
     first_touch_bytes_per_s: float | None = None
+    p2p_call_latency_s: float | None = None
+    op_s_per_byte: dict[str, float] = field(default_factory=dict)
 
 
-Unknown = tuple[str, LinkClass | None]
-"""("call" | "latency" | "inv_bandwidth" | "message" | "inv_first_touch", link class or None)."""
+Unknown = tuple[str, LinkClass | CollectiveOp | None]
+"""("call" | "p2p_call" | "latency" | "inv_bandwidth" | "message" | "inv_first_touch" |
+"op_s_per_byte", link class, op or None)."""
 
 
-def _probe(topo: Topology, classes: Sequence[LinkClass], unit: Unknown | None) -> Topology:
+def _probe(
+    topo: Topology, classes: Sequence[LinkClass], ops: Sequence[CollectiveOp], unit: Unknown | None
+) -> Topology:
     """`topo` with every unknown at no cost (no call latency, latency 0, bandwidths that never
-    limit, free messages and page faults) except `unit`, set to 1 (1 s, or 1 B/s)."""
-    out = with_call_latency(topo, 0.0)
+    limit, free messages, page faults and ops' own work) except `unit`, set to 1 (1 s, 1 B/s or
+    1 s/B). On gloo, send/recv has its own call latency (`p2p_call`), else the common one."""
+    gloo = topo.fabric.backend is Backend.GLOO
+    p2p = (1.0 if unit == ("p2p_call", None) else 0.0) if gloo else None
+    out = with_call_latency(topo, 1.0 if unit == ("call", None) else 0.0, p2p)
     for c in classes:
         out = with_link_class(
             out,
@@ -170,27 +194,35 @@ def _probe(topo: Topology, classes: Sequence[LinkClass], unit: Unknown | None) -
         )
     return with_local_work(
         out,
+        {op: 1.0 for op in ops if unit == ("op_s_per_byte", op)},
         message_s=1.0 if unit == ("message", None) else 0.0,
         first_touch_bytes_per_s=1.0 if unit == ("inv_first_touch", None) else HUGE_BPS,
     )
 
 
 def fit_links(topo: Topology, rows: Sequence[tuple[int, Measurement]]) -> LinkModelFit:
-    """Call latency, (latency, bandwidth) of every link class the rows exercise, and the
-    ranks' cost per message and page-fault rate; `topo` carries the local rates the profile
-    measures (`apply_profile`)."""
+    """Call latency (and on gloo send/recv's own), (latency, bandwidth) of every link class the
+    rows exercise, the ranks' cost per message and page-fault rate, and each op's own cost per
+    byte (one op, the cheapest, at zero: the module's doc); `topo` carries the local rates the
+    profile measures (`apply_profile`)."""
     require(bool(rows), "collective rows", 0, "at least one collective measurement")
     classes = sorted(set(topo.link_class), key=str)
     measured = [r for _, r in rows]
+    ops = sorted({OPS[Collective(r.op)] for r in measured}, key=str)
     owners = [bottleneck_class(topo, calls_of(topo, r)[0].group) for r in measured]
-    base = np.array([row_time_s(_probe(topo, classes, None), r) for r in measured])
-    columns: list[np.ndarray] = [np.ones(len(measured))]
-    names: list[Unknown] = [("call", None)]
+    base = np.array([row_time_s(_probe(topo, classes, ops, None), r) for r in measured])
+    columns: list[np.ndarray] = []
+    names: list[Unknown] = []
     candidates: list[Unknown] = [
-        (kind, cls) for cls in classes for kind in ("latency", "inv_bandwidth")
+        ("call", None),
+        ("p2p_call", None),
+        *[(kind, cls) for cls in classes for kind in ("latency", "inv_bandwidth")],
+        ("message", None),
+        ("inv_first_touch", None),
+        *[("op_s_per_byte", op) for op in ops],
     ]
-    for unknown in [*candidates, ("message", None), ("inv_first_touch", None)]:
-        probe = _probe(topo, classes, unknown)
+    for unknown in candidates:
+        probe = _probe(topo, classes, ops, unknown)
         column = np.array([row_time_s(probe, r) for r in measured]) - base
         if unknown[0] == "inv_bandwidth":
             column = np.where([o is unknown[1] for o in owners], column, 0.0)
@@ -198,7 +230,11 @@ def fit_links(topo: Topology, rows: Sequence[tuple[int, Measurement]]) -> LinkMo
             columns.append(column)
             names.append(unknown)
     t = np.array([r.median_s for r in measured])
-    solution = nonnegative_lstsq(np.stack(columns, axis=1) / t[:, None], 1.0 - base / t)
+    a, y = np.stack(columns, axis=1) / t[:, None], 1.0 - base / t
+    own = [j for j, u in enumerate(names) if u[0] == "op_s_per_byte"]
+    solution = _least_error(
+        [_without(a, y, j) for j in own] if own else [nonnegative_lstsq(a, y)], a, y
+    )
     values = dict(zip(names, solution.tolist(), strict=True))
     links: dict[str, LinkFit] = {}
     for cls in classes:
@@ -210,26 +246,47 @@ def fit_links(topo: Topology, rows: Sequence[tuple[int, Measurement]]) -> LinkMo
             latency_s=float(values.get(("latency", cls), 0.0)),
             bandwidth_bytes_per_s=float(1.0 / inv) if inv > 0 else preset_bw,
         )
-    call_latency = float(values[("call", None)])
+    call_latency = float(values.get(("call", None), topo.call_latency_s))  # unmeasured: preset
+    p2p_call = values.get(("p2p_call", None))
     message = values.get(("message", None))
     inv_touch = values.get(("inv_first_touch", None))
     first_touch = None if inv_touch is None else (1.0 / inv_touch if inv_touch > 0 else HUGE_BPS)
+    op_costs = {str(u[1]): v for u, v in values.items() if u[0] == "op_s_per_byte"}
     local = {"message_s": message, "first_touch_bytes_per_s": first_touch}
     final = with_local_work(
-        _with_links(topo, links, call_latency), **{k: v for k, v in local.items() if v is not None}
+        _with_links(topo, links, call_latency, p2p_call),
+        op_costs,
+        **{k: v for k, v in local.items() if v is not None},
     )
     predictions = {i: row_time_s(final, r) for i, r in rows}
-    return LinkModelFit(call_latency, links, predictions, message, first_touch)
+    return LinkModelFit(call_latency, links, predictions, message, first_touch, p2p_call, op_costs)
+
+
+def _without(a: np.ndarray, y: np.ndarray, reference: int) -> np.ndarray:
+    """The non-negative least-squares solution with unknown `reference` held at zero."""
+    keep = [j for j in range(a.shape[1]) if j != reference]
+    out = np.zeros(a.shape[1])
+    out[keep] = nonnegative_lstsq(a[:, keep], y)
+    return out
+
+
+def _least_error(solutions: Sequence[np.ndarray], a: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """The solution of least squared error (the first of equals)."""
+    return min(solutions, key=lambda x: float(np.sum((a @ x - y) ** 2)))
 
 
 def nonnegative_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """argmin |a x - y| with x >= 0, by trying every set of free variables (few unknowns)."""
+    """argmin |a x - y| with x >= 0, by trying every set of free variables (few unknowns).
+    Columns are solved at unit norm (seconds per second and per byte differ by 1e9)."""
     n = a.shape[1]
-    require(n <= 12, "unknowns", n, "at most 12 (one call latency and a few link classes)")
+    require(n <= 12, "unknowns", n, "at most 12 (call latencies, a few link classes and ops)")
+    norms = np.linalg.norm(a, axis=0)
+    norms[norms == 0] = 1.0
+    scaled = a / norms
     best, best_err = np.zeros(n), float(np.sum(y * y))
     for k in range(1, n + 1):
         for free in itertools.combinations(range(n), k):
-            sub = a[:, free]
+            sub = scaled[:, free]
             x, *_ = np.linalg.lstsq(sub, y, rcond=None)
             if np.any(x < 0):
                 continue
@@ -237,7 +294,7 @@ def nonnegative_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:
             if err < best_err:
                 best_err, best = err, np.zeros(n)
                 best[list(free)] = x
-    return best
+    return best / norms
 
 
 def predictor(fitted_topo: Topology) -> Callable[[Measurement], float | None]:
@@ -260,6 +317,8 @@ def params_of(
     set of parameters cannot reproduce every op, and the difference says what the model of
     that op lacks."""
     out: dict[str, dict[str, float]] = {"backend": {"call_latency_s": fit.call_latency_s}}
+    if fit.p2p_call_latency_s is not None:
+        out["backend"]["p2p_call_latency_s"] = fit.p2p_call_latency_s
     for cls, link in fit.links.items():
         out[cls] = {
             "latency_s": link.latency_s,
@@ -274,6 +333,8 @@ def params_of(
     for op in sorted({r.op for _, r in rows}):
         alone = fit_links(topo, [(i, r) for i, r in rows if r.op == op])
         entry = {"call_latency_s": alone.call_latency_s, **_local_entry(alone)}
+        if alone.p2p_call_latency_s is not None:
+            entry["p2p_call_latency_s"] = alone.p2p_call_latency_s
         for cls, link in alone.links.items():
             entry[f"{cls}.latency_s"] = link.latency_s
             entry[f"{cls}.bandwidth_bytes_per_s"] = link.bandwidth_bytes_per_s
@@ -283,4 +344,5 @@ def params_of(
 
 def _local_entry(fit: LinkModelFit) -> dict[str, float]:
     fitted = {"message_s": fit.message_s, "first_touch_bytes_per_s": fit.first_touch_bytes_per_s}
-    return {k: v for k, v in fitted.items() if v is not None}
+    own = {f"op_s_per_byte.{op}": v for op, v in sorted(fit.op_s_per_byte.items())}
+    return {k: v for k, v in fitted.items() if v is not None} | own

@@ -27,6 +27,7 @@ import numpy as np
 
 from zsim.calibrate.fit import Residual, fit_profile
 from zsim.calibrate.plan import Measurement
+from zsim.collective_model import CollectiveOp
 from zsim.config_io import load_json
 from zsim.errors import InputError, require
 from zsim.hardware import ComputeRates, DeviceProfile, LayerTime, LinkFit
@@ -65,6 +66,8 @@ def profile_to_dict(p: DeviceProfile) -> dict[str, Any]:
         "call_latency_s": p.call_latency_s,
         "message_s": p.message_s,
         "first_touch_bytes_per_s": p.first_touch_bytes_per_s,
+        "p2p_call_latency_s": p.p2p_call_latency_s,
+        "op_s_per_byte": dict(sorted(p.op_s_per_byte.items())),
         "backend": p.backend,
         "notes": list(p.notes),
     }
@@ -160,6 +163,14 @@ def profile_from_dict(d: Any, where: str = "profile.device") -> DeviceProfile:
     first_touch = data.get("first_touch_bytes_per_s")
     if first_touch is not None:
         first_touch = _number(f"{where}.first_touch_bytes_per_s", first_touch)
+    p2p_call = data.get("p2p_call_latency_s")
+    if p2p_call is not None:
+        p2p_call = _number(f"{where}.p2p_call_latency_s", p2p_call, allow_zero=True)
+    op_costs = _mapping(f"{where}.op_s_per_byte", data.get("op_s_per_byte", {}))
+    ops = [str(op) for op in CollectiveOp]
+    for k, v in op_costs.items():
+        require(k in ops, f"{where}.op_s_per_byte", k, f"one of {ops}")
+        op_costs[k] = _number(f"{where}.op_s_per_byte.{k}", v, allow_zero=True)
     backend = data.get("backend", "nccl")
     require(backend in ("nccl", "gloo"), f"{where}.backend", backend, "nccl or gloo")
     return DeviceProfile(
@@ -185,6 +196,8 @@ def profile_from_dict(d: Any, where: str = "profile.device") -> DeviceProfile:
         call_latency_s=call_latency,
         message_s=message,
         first_touch_bytes_per_s=first_touch,
+        p2p_call_latency_s=p2p_call,
+        op_s_per_byte=op_costs,
         backend=backend,
         notes=tuple(notes),
     )

@@ -43,6 +43,14 @@ def summary_rows(cal: Calibration) -> list[tuple[str, str]]:
         rows.append(("samples dropped (rank lost its core)", f"{dropped} of {total}"))
     if p.call_latency_s is not None:
         rows.append(("collective call latency", f"{p.call_latency_s * 1e6:.1f} us"))
+    if p.p2p_call_latency_s is not None:
+        rows.append(("send/recv call latency", f"{p.p2p_call_latency_s * 1e6:.1f} us"))
+    if p.message_s is not None:
+        rows.append(("CPU per message (gloo)", f"{p.message_s * 1e6:.1f} us"))
+    if p.first_touch_bytes_per_s is not None:
+        rows.append(("page faults (gloo)", f"{p.first_touch_bytes_per_s / 1e9:.2f} GB/s"))
+    for op, s_per_byte in sorted(p.op_s_per_byte.items()):
+        rows.append((f"{op} own CPU (gloo)", f"{s_per_byte * 1e9:.3f} ns per byte moved"))
     for cls, link in p.links.items():
         rows.append(
             (
