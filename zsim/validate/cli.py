@@ -63,6 +63,11 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--nproc", help="ranks when no --topology is given (default 2)")
     p.add_argument("--steps", default="5", help="timed steps per case (default 5)")
+    p.add_argument(
+        "--launches",
+        default="1",
+        help="separate launches per case; step time = median of their medians",
+    )
     p.add_argument("--warmup", default="2", help="untimed steps first (default 2)")
     p.add_argument("--micro-batch", default="4", help="per-rank micro-batch (default 4)")
     p.add_argument("--grad-accum", default="1", help="gradient accumulation steps (default 1)")
@@ -176,6 +181,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             steps=_int("steps", args.steps),
             warmup=_int("warmup", args.warmup, zero=True),
             timeout_s=_int("timeout", args.timeout),
+            launches=_int("launches", args.launches),
         )
         for stage in stages
     ]
