@@ -202,6 +202,9 @@ def main(argv: list[str]) -> int:
         result = aggregate(case, gathered)
         (out / "result.json").write_text(json.dumps(result, indent=1))
     dist.barrier()
+    # tear the process group down here: left to interpreter exit, gloo's threads can abort the
+    # process ("terminate called without an active exception") after the results are written
+    dist.destroy_process_group()
     return 0
 
 
