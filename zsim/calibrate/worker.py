@@ -564,9 +564,6 @@ def main(argv: list[str] | None = None) -> int:
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
-        from zsim.validate.procs import bind_to_cores
-
-        bind_to_cores()  # as the training ranks are placed
     dist.init_process_group(
         "nccl" if plan.device == "cuda" else "gloo", timeout=timedelta(minutes=10)
     )

@@ -39,19 +39,6 @@ CPU_ALLOCATOR_ENV = {
 _SEQ = iter(range(1_000_000))
 
 
-def bind_to_cores() -> None:
-    """Pin this CPU rank (and the threads it starts later, gloo's among them) to its share of
-    the host's cores, as DeepSpeed's launcher does with --bind_cores_to_rank. Unpinned, two
-    ranks on two cores were scheduled either apart or together at each launch, and a 33 MB
-    all-reduce took 20 or 35 ms depending on which. Call before initialising the backend."""
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    cores = sorted(os.sched_getaffinity(0))
-    share = max(1, len(cores) // local_world)
-    first = (local_rank * share) % len(cores)
-    os.sched_setaffinity(0, set(cores[first : first + share]))
-
-
 def new_tag(kind: str) -> str:
     """A tag unique on this machine: prefix, pid, sequence number."""
     return f"zsim-{os.getpid()}-{next(_SEQ)}-{kind}"

@@ -33,7 +33,6 @@ from deepspeed import comm as dist
 
 from zsim import torchmodels
 from zsim.model import ModelKind, ModelSpec
-from zsim.validate import procs
 from zsim.validate.held import CATEGORIES, SavedTensors, engine_inventory
 
 
@@ -177,8 +176,6 @@ def main(argv: list[str]) -> int:
     backend = "nccl" if case["device"] == "cuda" else "gloo"
     if case["device"] == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    else:
-        procs.bind_to_cores()
     deepspeed.init_distributed(
         dist_backend=backend, timeout=timedelta(seconds=case["collective_timeout_s"])
     )
