@@ -106,6 +106,17 @@ class DeviceProfile:
     def op_time_s(self, op: ComputeOp, dtype: str) -> float:
         return self.rates_for(dtype).op_time_s(op)
 
+    def copy_time_s(self, nbytes: float, dtype: str) -> float:
+        """A device-memory copy of `nbytes` (flatten, copy into a bucket, scale in place).
+
+        A bandwidth-bound kernel's rate counts bytes read plus written, so a copy moves its
+        bytes at half of it. On a CPU profile (gloo) the host link *is* the CPU's own copy:
+        calibration times torch's `copy_` on the host, which is what DeepSpeed's copies are.
+        """
+        if self.backend == "gloo":
+            return nbytes / self.host_link_bytes_per_s
+        return 2 * nbytes / self.rates_for(dtype).memory_bytes_per_s
+
     def layer_time(self, key: str) -> LayerTime | None:
         return self.layer_times.get(key)
 
