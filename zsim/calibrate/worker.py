@@ -65,6 +65,11 @@ class Bench:
         # rank computes on its calling thread alone (one intra-op thread)
         self.filter = not self.cuda and torch.get_num_threads() == 1
         self.share = 1.0  # thread CPU time / wall time of the last CPU sample
+        self.cache_bytes = (
+            torch.cuda.get_device_properties(device).L2_cache_size
+            if self.cuda
+            else _last_level_cache_bytes()
+        )
 
     # ---- timing primitives --------------------------------------------------------------
 
@@ -234,7 +239,7 @@ class Bench:
 
     def layer(self, model: ModelSpec, kind: LayerKind, mb: int) -> list[Measurement]:
         """Forward and backward of one module in training mode, as the training step runs it."""
-        module, forward = self._layer_forward(model, kind, mb)
+        module, forward, copies = self._layer_forward(model, kind, mb)
         params = list(module.parameters())
 
         def step() -> tuple[float, float]:
@@ -253,7 +258,7 @@ class Bench:
                 f, b = step()
                 f_s, b_s, share = f_s + f, b_s + b, min(share, self.share)
             self.share = share
-            return f_s / inner, b_s / inner
+            return f_s / inner / copies, b_s / inner / copies
 
         for _ in range(self.warmup):
             step()
@@ -304,26 +309,40 @@ class Bench:
 
     def _layer_forward(
         self, model: ModelSpec, kind: LayerKind, mb: int
-    ) -> tuple[nn.Module, Callable[[], torch.Tensor]]:
-        """The module and a closure running its forward on a fresh random micro-batch (the head
-        includes the cross-entropy loss, as the simulator's head ops do)."""
+    ) -> tuple[nn.Module, Callable[[], torch.Tensor], int]:
+        """The module, a closure running its forward on a random micro-batch (the head includes
+        the cross-entropy loss, as the simulator's head ops do), and how many layers it chains.
+
+        Training streams distinct layers through the caches, so a repeated layer would time
+        cache-warm: layers are chained until their weights overflow the last-level cache
+        twice (at most the model's layer count), and the time is per layer."""
         dev, dt = self.device, self.dtype
         tokens = (mb,) if model.kind is ModelKind.MLP else (mb, model.seq_len)
         if kind is LayerKind.EMBEDDING:
             emb: nn.Module = torchmodels.Embedding(model).to(dev, dt).train()
             idx = torch.randint(0, model.vocab, tokens, device=dev)
-            return emb, partial(emb, idx)
+            return emb, partial(emb, idx), 1
         if kind is LayerKind.HEAD:
             embedding = torchmodels.Embedding(model)
             head = torchmodels.Head(model, embedding)
             both = nn.ModuleDict({"embedding": embedding, "head": head}).to(dev, dt).train()
             x = torch.randn(*tokens, model.hidden, device=dev, dtype=dt, requires_grad=True)
             targets = torch.randint(0, model.vocab, tokens, device=dev)
-            return both, lambda: F.cross_entropy(head(x).flatten(0, 1), targets.flatten())
-        module = torchmodels.layer_module(model, kind, self.plan.flash_attention).to(dev, dt)
-        module.train()
+
+            def loss() -> torch.Tensor:
+                return F.cross_entropy(head(x).flatten(0, 1), targets.flatten())
+
+            return both, loss, 1
+        layer = torchmodels.layer_module(model, kind, self.plan.flash_attention)
+        layer_bytes = sum(p.numel() for p in layer.parameters()) * _itemsize(self.dtype)
+        copies = max(1, min(model.layers, math.ceil(2 * self.cache_bytes / max(layer_bytes, 1))))
+        layers = [layer] + [
+            torchmodels.layer_module(model, kind, self.plan.flash_attention)
+            for _ in range(copies - 1)
+        ]
+        module = nn.Sequential(*layers).to(dev, dt).train()
         x = torch.randn(*tokens, model.hidden, device=dev, dtype=dt, requires_grad=True)
-        return module, lambda: module(x)
+        return module, lambda: module(x), copies
 
     # ---- memory traffic -----------------------------------------------------------------
 
