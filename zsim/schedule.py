@@ -38,7 +38,7 @@ from zsim.collective_model import CollectiveOp
 from zsim.errors import InputError
 from zsim.hardware import DeviceProfile
 from zsim.layout import layer_passes, rank_chunks
-from zsim.model import ComputeOp, Layer, LayerKind, ModelSpec, OpKind
+from zsim.model import ComputeOp, Layer, LayerKind, ModelSpec
 from zsim.parallel import (
     Offload,
     ParallelConfig,
@@ -622,9 +622,9 @@ class _Builder:
     def memory_pass(
         self, name: str, nbytes: float, deps: Sequence[Task], stream: Stream = Stream.COMPUTE
     ) -> Task:
-        """Bandwidth-bound bookkeeping (copies, scaling) of `nbytes` read + written."""
-        op = ComputeOp(name, OpKind.MEMORY, 0.0, nbytes)
-        return self.compute(name, self.op_seconds((op,)), Category.OPTIMIZER, deps, stream)
+        """Bandwidth-bound bookkeeping (copies, scaling in place) of `nbytes` copied."""
+        seconds = self.device.copy_time_s(nbytes, self.dtype)
+        return self.compute(name, seconds, Category.OPTIMIZER, deps, stream)
 
     def boundary_reduce(self, deps: list[Task]) -> list[Task]:
         """Reductions after the last backward, in parameter (forward) order: stage 0's
