@@ -5,6 +5,7 @@ import pytest
 
 pytest.importorskip("deepspeed", reason="deepspeed is in the calibrate extra")
 
+from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 
 # both return (cpu_bytes, gpu_bytes[, largest_layer_bytes])
@@ -27,9 +28,10 @@ def test_zero2_estimator(psi, per_node, nodes):
     # both replicate the 16-bit parameters (2Ψ)
     assert mine.parameters == 2 * psi
     # DeepSpeed's 18Ψ/N = 2 (16-bit grads) + 12 (master, m, v) + 4 (the fp32 gradient partition
-    # its optimizer step creates); the ledger's 14Ψ/N leaves out that in-step transient
+    # its optimizer step creates): the ledger's model states (the paper's 14Ψ/N) + step buffers
+    assert mine.step_buffers == 4 * psi / n
     assert gpu - 2 * psi == pytest.approx(
-        mine.gradients + mine.optimizer_states + 4 * psi / n, abs=1
+        mine.gradients + mine.optimizer_states + mine.step_buffers, abs=1
     )
 
 
@@ -57,6 +59,10 @@ def test_zero3_estimator(psi, per_node, nodes):
     # ledger's model states are the ZeRO paper's 16Ψ/N: the estimator's extra 2Ψ/N is the
     # 16-bit gradient partition buffer counted once more; gathered weights are comm buffers
     assert gpu == pytest.approx(4 * largest + mine.model_states + 2 * psi / n, abs=1)
+    # what stage3.py really builds for the step, one sub-group at a time, the ledger counts as
+    # step buffers: an fp32 gradient partition of at most sub_group_size elements
+    sub_group = DeepSpeedZeroConfig().sub_group_size
+    assert mine.step_buffers == 4 * min(psi / n, sub_group)
 
 
 # Held by a real DeepSpeed 0.19.8 engine (2 CPU ranks, gloo, fp32, torch Adam) for

@@ -6,7 +6,8 @@ and 12 of optimizer state (fp32 master, momentum, variance) = 16 bytes; stage k 
 first k of (optimizer, gradients, parameters) across the Nd data-parallel ranks. TP divides the
 sharded tensors by t; PP gives each stage its layers. Activations come from `ModelSpec`'s tensor
 account (Korthikanti et al. 2022) times the micro-batches a pipeline stage keeps in flight.
-DeepSpeed's communication buffers (gradient buckets, ZeRO-3 gathered parameters) count too.
+DeepSpeed's communication buffers (gradient buckets, ZeRO-3 gathered parameters) and the fp32
+gradient partition its optimizer step builds count too, outside the model states.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class MemoryLedger:
     optimizer_states: float
     activations: float | None  # None when the model is known by parameter count only
     comm_buffers: float
+    step_buffers: float  # built for the optimizer step and freed after it
     host_offloaded: float
 
     @property
@@ -73,7 +75,7 @@ class MemoryLedger:
 
     @property
     def device_total(self) -> float:
-        return self.model_states + (self.activations or 0.0) + self.comm_buffers
+        return self.model_states + (self.activations or 0.0) + self.comm_buffers + self.step_buffers
 
     def as_dict(self) -> dict[str, float | None]:
         out: dict[str, float | None] = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -143,6 +145,9 @@ def activation_bytes(
         if cfg.recompute is Recompute.SELECTIVE and layer.kind is LayerKind.BLOCK:
             saved = {k: v for k, v in saved.items() if k not in _SELECTIVE_DROPS}
         per_layer.append((layer.kind, sum(saved.values())))
+    if pipeline_stage == cfg.pp - 1:
+        loss = model.loss_saved_bytes(cfg.micro_batch, cfg.precision.bytes)
+        per_layer.append((LayerKind.HEAD, loss))  # kept under full recompute too
     if cfg.recompute is Recompute.FULL:
         kept = model.layer_input_bytes(
             cfg.micro_batch, cfg.tp, cfg.sequence_parallel, cfg.precision.bytes
@@ -184,6 +189,26 @@ def comm_buffer_bytes(model: ModelSpec, cfg: ParallelConfig, layers: tuple[Layer
     return bucket * (2 if cfg.overlap_comm else 1)
 
 
+STAGE3_SUB_GROUP_SIZE = 1_000_000_000  # sub_group_size's default, deepspeed/runtime/zero/config.py
+
+
+def step_buffer_bytes(params: float, cfg: ParallelConfig) -> float:
+    """The fp32 gradient partition a ZeRO optimizer step builds for its master weights.
+
+    Stage 3 flattens each sub-group's gradient partition into a new fp32 tensor, even in fp32
+    training (`_prepare_fp32_grad_for_sub_group`, stage3.py), one sub-group at a time; stages
+    1-2 convert the flat 16-bit partition with `.to(fp32)`, a copy only in mixed precision
+    (`step`, stage_1_and_2.py). Offloaded optimizers build it on the host instead.
+    """
+    stage = cfg.zero_stage
+    if stage is ZeroStage.NONE or cfg.offload is not Offload.NONE:
+        return 0.0
+    partition = params / cfg.dp
+    if stage is ZeroStage.PARAMETERS:
+        return min(partition, STAGE3_SUB_GROUP_SIZE) * FP32_BYTES
+    return partition * FP32_BYTES if cfg.precision.mixed else 0.0
+
+
 def zero3_gathered_numel(model: ModelSpec, cfg: ParallelConfig, layers: tuple[Layer, ...]) -> int:
     """Full (non-persistent) parameters alive at once beyond their partitions, at the peak of
     DeepSpeed's coordinator over a micro-step; unknown (0) for a bare parameter count."""
@@ -214,7 +239,8 @@ def ledger(model: ModelSpec, cfg: ParallelConfig, pipeline_stage: int = 0) -> Me
         if model.kind is ModelKind.PARAMS_ONLY
         else activation_bytes(model, cfg, layers, pipeline_stage)
     )
-    return MemoryLedger(p, g, o, acts, comm_buffer_bytes(model, cfg, layers), host)
+    comm = comm_buffer_bytes(model, cfg, layers)
+    return MemoryLedger(p, g, o, acts, comm, step_buffer_bytes(params, cfg), host)
 
 
 def peak_ledger(model: ModelSpec, cfg: ParallelConfig) -> tuple[int, MemoryLedger]:

@@ -277,6 +277,14 @@ class ModelSpec:
         )
         return int(sum(saved.values()))
 
+    def loss_saved_bytes(self, micro_batch: int, dtype_bytes: int = 2) -> int:
+        """What the loss saves for backward, on the last pipeline stage: the seeds' MSE loss
+        keeps its prediction and its target (cross-entropy's logits are the head's)."""
+        if self.kind is not ModelKind.MLP:
+            return 0
+        shape = _Shape(self, micro_batch, 1, False, dtype_bytes)
+        return int(2 * shape.tokens * self.hidden * dtype_bytes)
+
     def layer_input_bytes(
         self, micro_batch: int, tp: int = 1, seq_parallel: bool = False, dtype_bytes: int = 2
     ) -> int:

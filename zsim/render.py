@@ -23,6 +23,7 @@ LEDGER_ROWS = (
     "model_states",
     "activations",
     "comm_buffers",
+    "step_buffers",
     "device_total",
     "host_offloaded",
 )
@@ -222,7 +223,7 @@ def print_run(r: dict[str, Any]) -> None:
     mem = r["memory_GB"]
     lines = ", ".join(
         f"{k.replace('_', ' ')} {mem[k]:,.2f}"
-        for k in ("parameters", "gradients", "optimizer_states", "activations", "comm_buffers")
+        for k in LEDGER_ROWS[:3] + LEDGER_ROWS[4:7]
         if mem.get(k) is not None
     )
     verdict = "fits" if r["fits"] else "[red bold]does NOT fit (OOM)[/]"

@@ -120,7 +120,8 @@ class Compared:
         lg = self.ledger
         return {
             "parameters": lg.parameters,
-            "gradients": lg.gradients,
+            # the engine's gradient tensors include the optimizer step's fp32 partition
+            "gradients": lg.gradients + lg.step_buffers,
             "optimizer_states": lg.optimizer_states,
             "comm_buffers": lg.comm_buffers,
             "activations": lg.activations if lg.activations is not None else math.nan,

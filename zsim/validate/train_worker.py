@@ -54,17 +54,23 @@ class MemoryProbe:
             engine.basic_optimizer.register_step_post_hook(lambda *_: self.snap("optimizer_post"))
 
     def _wrap_epilogue(self) -> None:
-        """ZeRO's end of backward: the last reduce bucket is still full here."""
+        """ZeRO's end of backward, where the last reduce bucket is still full; for stage 1,
+        also before `reduce_gradients`, while every full gradient is still held."""
         opt = self.engine.optimizer
-        original = getattr(opt, "independent_gradient_partition_epilogue", None)
-        if original is None:
-            return
+        for method, label in (
+            ("independent_gradient_partition_epilogue", "backward_end"),
+            ("reduce_gradients", "before_reduce"),
+        ):
+            original = getattr(opt, method, None)
+            if original is not None:
+                setattr(opt, method, self._snapping(original, label))
 
-        def epilogue(*args: Any, **kwargs: Any) -> Any:
-            self.snap("backward_end")
+    def _snapping(self, original: Any, label: str) -> Any:
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            self.snap(label)
             return original(*args, **kwargs)
 
-        opt.independent_gradient_partition_epilogue = epilogue
+        return wrapped
 
     def snap(self, label: str) -> None:
         if not self.active:
