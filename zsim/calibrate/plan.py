@@ -22,6 +22,7 @@ from zsim.errors import InputError, require
 from zsim.model import ComputeOp, LayerKind, ModelKind, ModelSpec, OpKind
 
 PROGRESS = "@zsim-progress"  # the worker's progress lines: PROGRESS DONE TOTAL LABEL
+RANKS_ON_HOST_ENV = "ZSIM_RANKS_ON_HOST"  # all ranks on this machine, emulated nodes included
 
 
 class Kind(StrEnum):

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from zsim.calibrate.fit import Fit, fit_profile
-from zsim.calibrate.plan import PROGRESS, Measurement, Plan
+from zsim.calibrate.plan import PROGRESS, RANKS_ON_HOST_ENV, Measurement, Plan
 from zsim.calibrate.profile import Calibration, save_profile
 from zsim.errors import InputError, require
 
@@ -172,6 +172,7 @@ def worker_env(
         if ifname is not None:
             env["GLOO_SOCKET_IFNAME"] = ifname
     env["OMP_NUM_THREADS"] = str(threads_per_rank(launch, ranks_on_host))
+    env[RANKS_ON_HOST_ENV] = str(ranks_on_host)  # emulated nodes share this host's cores
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONWARNINGS"] = "ignore::FutureWarning"
     return env

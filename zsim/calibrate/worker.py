@@ -35,6 +35,7 @@ from zsim import torchmodels
 from zsim.calibrate.keys import layer_time_key
 from zsim.calibrate.plan import (
     PROGRESS,
+    RANKS_ON_HOST_ENV,
     Collective,
     Kind,
     Measurement,
@@ -62,8 +63,14 @@ class Bench:
         self.comm_device = device if self.cuda else torch.device("cpu")
         self.warmup = plan.warmup  # calls before timing: all in the first round, 1 later
         # drop samples during which the rank lost its core: possible to tell on CPU when a
-        # rank computes on its calling thread alone (one intra-op thread)
-        self.filter = not self.cuda and torch.get_num_threads() == 1
+        # rank computes on its calling thread alone (one intra-op thread); not when the ranks
+        # outnumber the cores, where sharing a core is the placement being measured
+        ranks_here = int(os.environ.get(RANKS_ON_HOST_ENV, os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        self.filter = (
+            not self.cuda
+            and torch.get_num_threads() == 1
+            and ranks_here <= len(os.sched_getaffinity(0))
+        )
         self.share = 1.0  # thread CPU time / wall time of the last CPU sample
         self.cache_bytes = (
             torch.cuda.get_device_properties(device).L2_cache_size
