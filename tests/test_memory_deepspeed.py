@@ -124,3 +124,25 @@ def test_pipeline_commands_match_deepspeed_train_schedule(stages, micro_batches)
         theirs = [names[type(c)] for step in sched.steps() for c in step if type(c) in names]
         mine = [c for c, _ in deepspeed_train_commands(stages, micro_batches, stage)]
         assert mine == theirs
+
+
+# Peaks of the same engine in `zsim validate` (1x2, fp32, micro-batch 4, 2026-11-29): its
+# gradient tensors at their largest (stage 2: the fp32 partition; stage 3: the 16-bit-dtype
+# partition buffer plus the fp32 partition its step builds) and the bytes autograd saved for one
+# micro-batch (each Linear's input and the MSE loss's prediction and target).
+MEASURED_GRADIENT_PEAK = {2: 16_793_608, 3: 33_587_216}
+MEASURED_SAVED_FOR_BACKWARD = 163_840
+
+
+@pytest.mark.parametrize("stage", sorted(MEASURED_GRADIENT_PEAK))
+def test_ledger_gradients_and_step_buffers_match_engine_peak(stage):
+    from zsim.model import preset, with_overrides
+    from zsim.parallel import Precision
+
+    model = with_overrides(preset("toy-mlp"), hidden=1024)
+    cfg = ParallelConfig(dp=2, zero_stage=stage, precision=Precision.FP32, micro_batch=4)
+    held = ledger(model, cfg)
+    assert held.gradients + held.step_buffers == pytest.approx(
+        MEASURED_GRADIENT_PEAK[stage], abs=16
+    )
+    assert held.activations == MEASURED_SAVED_FOR_BACKWARD

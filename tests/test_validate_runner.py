@@ -68,6 +68,14 @@ def test_a_failing_case_is_reported_and_the_others_kept(tmp_path: Path) -> None:
     assert _none_left(str(tmp_path))
 
 
+def test_a_crash_after_every_rank_reported_keeps_the_measurement(tmp_path: Path) -> None:
+    m = runner.run_case(_case("z2"), tmp_path, worker=(str(WORKERS / "aborting_worker.py"),))
+    assert m.status is Status.OK
+    assert "after every rank had written its results" in m.detail
+    assert m.step_time_s is not None
+    assert _none_left(str(tmp_path))
+
+
 def test_a_hanging_case_times_out_and_is_stopped(tmp_path: Path) -> None:
     case = _case("hang", timeout_s=8)
     begin = time.monotonic()

@@ -245,6 +245,9 @@ def _collect(case: Case, run_dir: Path, status: Status, detail: str, wall_s: flo
         status = Status.OOM if oom else (status if status is not Status.OK else Status.FAILED)
         detail = f"rank {first.get('rank')}: {first.get('error', '?')}".splitlines()[0][:300]
     result_file = run_dir / "result.json"
+    if status is Status.FAILED and ranks and not errors and result_file.exists():
+        # every rank finished and reported: a crash on the way out loses nothing measured
+        status, detail = Status.OK, f"{detail} after every rank had written its results"
     if status is Status.OK and not result_file.exists():
         status, detail = Status.FAILED, "no result.json from rank 0"
     if status is not Status.OK:
@@ -258,6 +261,7 @@ def _collect(case: Case, run_dir: Path, status: Status, detail: str, wall_s: flo
     return Measurement(
         case,
         Status.OK,
+        detail,
         step_time_s=float(raw["step_time_s"]),
         step_times_s=tuple(raw["step_times_s"]),
         samples_per_s=float(raw["samples_per_s"]),
