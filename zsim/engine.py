@@ -18,7 +18,7 @@ from typing import NamedTuple
 import simpy
 
 from zsim.collectives import CollectiveCall, CollectiveOp, Communicator
-from zsim.schedule import Category, Comm, Group, Program, Stream, Task
+from zsim.schedule import Category, Comm, Group, Part, Program, Stream, Task
 from zsim.topology import GroupKind, RankGrid
 
 
@@ -75,6 +75,10 @@ class Engine:
             for d, p, t in itertools.product(range(grid.dp), range(grid.pp), range(grid.tp))
         }
         self._replicas: dict[tuple[int, Group], list[tuple[int, ...]]] = {}
+        self._groups: dict[tuple[int, Group], tuple[int, ...]] = {}
+        self._parts_traffic: dict[
+            tuple[int, int], tuple[tuple[Part, ...], dict[Category, float]]
+        ] = {}
         self._sent: dict[tuple[CollectiveCall, tuple[int, ...]], float] = {}
         self._contending: dict[tuple[tuple[int, ...], CollectiveOp], list[tuple[int, ...]]] = {}
         self.programs = programs
@@ -93,6 +97,12 @@ class Engine:
     # ---- groups ----
 
     def group_of(self, rank: int, group: Group) -> tuple[int, ...]:
+        key = (rank, group)
+        if key not in self._groups:
+            self._groups[key] = self._members(rank, group)
+        return self._groups[key]
+
+    def _members(self, rank: int, group: Group) -> tuple[int, ...]:
         dp_i, pp_i, tp_i = self.coords(rank)
         g = self.grid
         if group is Group.TP:
@@ -176,13 +186,9 @@ class Engine:
 
     def record_parts(self, rank: int, task: Task, start: float) -> None:
         """A fused task: one span per part; its collectives' traffic is booked here."""
+        for category, nbytes in self.parts_traffic(rank, task.parts).items():
+            self.traffic[category] = self.traffic.get(category, 0.0) + nbytes
         for part in task.parts:
-            nbytes = 0.0
-            if part.comm is not None:
-                nbytes = part.comm.nbytes
-                members = self.group_of(rank, part.comm.group)
-                call = CollectiveCall(part.comm.op, nbytes, members, root=part.comm.root)
-                self.book(call, part.category, (rank,))
             begin = start + part.start_s
             self.spans.append(
                 Span(
@@ -192,9 +198,26 @@ class Engine:
                     str(part.category),
                     begin,
                     begin + part.duration_s,
-                    nbytes,
+                    part.comm.nbytes if part.comm is not None else 0.0,
                 )
             )
+
+    def parts_traffic(self, rank: int, parts: tuple[Part, ...]) -> dict[Category, float]:
+        """Bytes `rank` sends by category in a fused pass; the builder shares one parts tuple
+        among the micro-batches of a pass, so this is worked out once per pass and rank."""
+        key = (rank, id(parts))
+        if key not in self._parts_traffic:
+            sent: dict[Category, float] = {}
+            for part in parts:
+                if part.comm is not None:
+                    members = self.group_of(rank, part.comm.group)
+                    op, nbytes, root = part.comm.op, part.comm.nbytes, part.comm.root
+                    call = CollectiveCall(op, nbytes, members, root=root)
+                    sent[part.category] = sent.get(part.category, 0.0) + self.sent_bytes(
+                        call, (rank,)
+                    )
+            self._parts_traffic[key] = (parts, sent)  # holding `parts` keeps its id unique
+        return self._parts_traffic[key][1]
 
     def record(self, rank: int, task: Task, start: float) -> None:
         nbytes = task.comm.nbytes if task.comm else 0.0
@@ -244,7 +267,11 @@ class Engine:
         done.succeed()
 
     def book(self, call: CollectiveCall, category: Category, senders: Sequence[int]) -> None:
-        """Bytes the simulated ranks among `senders` put on the network for this call."""
+        """Count the bytes the simulated ranks among `senders` put on the network."""
+        sent = self.sent_bytes(call, senders)
+        self.traffic[category] = self.traffic.get(category, 0.0) + sent
+
+    def sent_bytes(self, call: CollectiveCall, senders: Sequence[int]) -> float:
         key = (call, tuple(senders))
         if key not in self._sent:
             simulated = set(senders) & self.simulated
@@ -254,7 +281,7 @@ class Engine:
                 for f in phase.flows
                 if f.src in simulated
             )
-        self.traffic[category] = self.traffic.get(category, 0.0) + self._sent[key]
+        return self._sent[key]
 
     def send_replicas(self, rank: int, offset: int) -> list[tuple[int, int]]:
         """The other (dp, tp) replicas' sends of the same activation, where they share links."""

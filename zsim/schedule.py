@@ -315,6 +315,7 @@ class _Builder:
         self._seconds: dict[tuple[ComputeOp, ...], float] = {}
         self.tp_time = tp_time  # fixed TP collective times: whole passes become one task
         self._templates: dict[tuple[Layer, bool], tuple[tuple[Part, ...], float]] = {}
+        self._fused: dict[tuple[tuple[Layer, ...], bool], tuple[tuple[Part, ...], float]] = {}
         # ZeRO-3: the gathers DeepSpeed issues at each trace position, and those in flight
         self.z3_gathers: dict[int, list[zero3.Gather]] = {}
         self.z3_inflight: dict[tuple[str, str], Task] = {}
@@ -472,14 +473,18 @@ class _Builder:
     ) -> Task:
         """A whole forward or backward of a chunk as one task, when every collective inside
         it takes a fixed time (TP on its own links): the same timing, far fewer events."""
-        parts: list[Part] = []
-        offset = 0.0
-        for layer in layers:
-            layer_parts, seconds = self.pass_template(layer, forward)
-            parts += [p._replace(start_s=p.start_s + offset) for p in layer_parts]
-            offset += seconds
+        key = (tuple(layers), forward)
+        if key not in self._fused:  # the same for every micro-batch
+            parts: list[Part] = []
+            offset = 0.0
+            for layer in layers:
+                layer_parts, seconds = self.pass_template(layer, forward)
+                parts += [p._replace(start_s=p.start_s + offset) for p in layer_parts]
+                offset += seconds
+            self._fused[key] = (tuple(parts), offset)
+        parts_of_pass, seconds_of_pass = self._fused[key]
         category = Category.FORWARD if forward else Category.BACKWARD
-        task = Task(tag, Stream.COMPUTE, category, offset, deps=deps, parts=tuple(parts))
+        task = Task(tag, Stream.COMPUTE, category, seconds_of_pass, deps=deps, parts=parts_of_pass)
         return self.program.add(task)
 
     def pass_template(self, layer: Layer, forward: bool) -> tuple[tuple[Part, ...], float]:

@@ -66,15 +66,18 @@ class RankTimes:
     comm_total_s: float
 
 
+_COMPUTE_NAMES = frozenset(str(c) for c in COMPUTE_CATEGORIES)  # spans carry category names
+
+
 def rank_times(spans: Sequence[Span], rank: int, step_s: float) -> RankTimes:
     """Where `rank`'s step went; `spans` may be all ranks' or (faster) only this rank's."""
     mine = [s for s in spans if s.rank == rank]
     compute = [
         (s.start_s, s.end_s)
         for s in mine
-        if s.stream is not Stream.HOST and Category(s.category) in COMPUTE_CATEGORIES
+        if s.stream is not Stream.HOST and s.category in _COMPUTE_NAMES
     ]
-    comm = [(s.start_s, s.end_s) for s in mine if Category(s.category) not in COMPUTE_CATEGORIES]
+    comm = [(s.start_s, s.end_s) for s in mine if s.category not in _COMPUTE_NAMES]
     compute_s = union_length(compute)
     exposed = uncovered(comm, compute)
     return RankTimes(
