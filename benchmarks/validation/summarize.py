@@ -1,0 +1,95 @@
+"""Markdown tables of the committed validation runs (each folder here holds one
+`zsim validate` output): step time predicted vs measured per case, the MAPE, and the memory
+ledger's error per category against the tensors the engine held.
+
+    python benchmarks/validation/summarize.py [--write]
+
+--write replaces the tables between the markers of README.md here (the text around them is
+written by hand).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).parent
+CATEGORIES = ("parameters", "gradients", "optimizer_states", "comm_buffers", "activations")
+
+
+def _pct(text: str) -> str:
+    return "n/a" if text in ("", None) else f"{float(text):+.1f}%"
+
+
+def _ms(text: str) -> str:
+    return "n/a" if text in ("", None) else f"{1e3 * float(text):.1f}"
+
+
+def table(folder: Path) -> list[str]:
+    rows = list(csv.DictReader((folder / "predicted_vs_measured.csv").open()))
+    summary = json.loads((folder / "summary.json").read_text())
+    emulation = summary.get("emulation") or {}
+    lines = [
+        f"### {folder.name}",
+        "",
+        f"topology `{rows[0]['topology']}`, {rows[0]['world']} ranks, model "
+        f"`{summary['context']['model_spec']}`, profile `{summary['context']['profile']}`"
+        + (f", emulated: {json.dumps(emulation)}" if emulation else ""),
+        "",
+        "| case | status | measured ms | predicted ms | band ms | error |"
+        + "".join(f" {c} |" for c in CATEGORIES),
+        "|---|---|---|---|---|---|" + "---|" * len(CATEGORIES),
+    ]
+    for r in rows:
+        band = f"{_ms(r['predicted_low_s'])}-{_ms(r['predicted_high_s'])}"
+        memory = "".join(f" {_pct(r[f'{c}_error_pct'])} |" for c in CATEGORIES)
+        lines.append(
+            f"| {r['case']} | {r['status']} | {_ms(r['measured_step_s'])} | "
+            f"{_ms(r['predicted_step_s'])} | {band} | {_pct(r['step_error_pct'])} |{memory}"
+        )
+    mape = summary.get("mape_pct")
+    lines += ["", f"MAPE: {'n/a' if mape is None else f'{mape:.1f}%'}", ""]
+    return lines
+
+
+def overall(folders: list[Path]) -> str:
+    """The MAPE over every case of every folder, and without the ones named `*-z3-*` (the
+    headline, predicted with a profile of another layout)."""
+    errors = {
+        f.name: [
+            abs(float(r["step_error_pct"]))
+            for r in csv.DictReader((f / "predicted_vs_measured.csv").open())
+            if r["step_error_pct"]
+        ]
+        for f in folders
+    }
+    every = [e for v in errors.values() for e in v]
+    layouts = [e for name, v in errors.items() if "-z3-" not in name for e in v]
+    return (
+        f"All {len(every)} cases: MAPE {sum(every) / len(every):.1f}%; the {len(layouts)} "
+        f"cases of the calibrated layouts: {sum(layouts) / len(layouts):.1f}%\n"
+    )
+
+
+BEGIN, END = "<!-- tables:begin -->", "<!-- tables:end -->"
+
+
+def main(argv: list[str]) -> int:
+    folders = sorted(p for p in HERE.iterdir() if (p / "summary.json").exists())
+    tables = "\n".join(line for folder in folders for line in table(folder))
+    tables += "\n" + overall(folders)
+    if "--write" not in argv:
+        print(tables)
+        return 0
+    readme = HERE / "README.md"
+    text = readme.read_text()
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    readme.write_text(f"{head}{BEGIN}\n{tables}\n{END}{tail}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
