@@ -223,7 +223,14 @@ def print_run(r: dict[str, Any]) -> None:
     mem = r["memory_GB"]
     lines = ", ".join(
         f"{k.replace('_', ' ')} {mem[k]:,.2f}"
-        for k in LEDGER_ROWS[:3] + LEDGER_ROWS[4:7]
+        for k in (
+            "parameters",
+            "gradients",
+            "optimizer_states",
+            "activations",
+            "comm_buffers",
+            "step_buffers",
+        )
         if mem.get(k) is not None
     )
     verdict = "fits" if r["fits"] else "[red bold]does NOT fit (OOM)[/]"
