@@ -48,12 +48,12 @@ class MemoryProbe:
         self.active = False
         self.snapshots: dict[str, dict[str, int]] = {}
         self.largest: dict[str, list[dict[str, Any]]] = {}
-        self._wrap_epilogue()
+        self._snap_inside_zero()
         if getattr(engine, "basic_optimizer", None) is not None:
             engine.basic_optimizer.register_step_pre_hook(lambda *_: self.snap("optimizer_pre"))
             engine.basic_optimizer.register_step_post_hook(lambda *_: self.snap("optimizer_post"))
 
-    def _wrap_epilogue(self) -> None:
+    def _snap_inside_zero(self) -> None:
         """ZeRO's end of backward, where the last reduce bucket is still full; for stage 1,
         also before `reduce_gradients`, while every full gradient is still held."""
         opt = self.engine.optimizer
