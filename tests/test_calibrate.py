@@ -244,6 +244,9 @@ MESSAGE_S = 25e-6  # CPU per message a rank handles
 OWN_S_PER_BYTE = {"all_gather": 0.3e-9, "all_reduce": 0.05e-9, "reduce_scatter": 0.08e-9}
 OWN_S_PER_BYTE |= {"send_recv": 0.02e-9, "broadcast": 0.0}
 SUM_BPS = MEM_RATE / 3  # output bytes of a + b: the elementwise rate moves three operands
+# all_gather's flat output is allocated on gloo's worker thread: beyond a thread arena's 64 MiB
+# heap (glibc HEAP_MAX_SIZE) it is mapped afresh and faulted in on every call
+TOUCH_BPS, FRESH_ABOVE = 2.5e9, 63 * 2**20
 
 
 def gloo_two_ranks_s(op, size):
@@ -254,8 +257,8 @@ def gloo_two_ranks_s(op, size):
     message it sends or receives (per call), its copies run at the memcpy rate, its sums at a
     third of the elementwise rate, and the op's own OWN_S_PER_BYTE on what it sends plus
     receives (all_gather S, all_reduce 2 S, send/recv S per call, broadcast S); send/recv has
-    its own call latency. No temporary is faulted in: the preset's allocator keeps freed
-    blocks (topologies/cpu.yaml fresh_above_bytes)."""
+    its own call latency. all_gather's flat output above FRESH_ABOVE is faulted in at
+    TOUCH_BPS; every other temporary comes from memory already touched."""
     alpha = 2 * LINK_LATENCY_S
     segments = -(-max(-(-size // MIB), 4) // 2) * 2  # roundUp(max(S / 1 MiB, 2n), n)
     # reduce-scatter and all-gather loops: each rank sends and receives its k segments, but an
@@ -271,6 +274,7 @@ def gloo_two_ranks_s(op, size):
     if op == "all_gather_into_tensor":  # flat output, prime own half, ring, copy out
         local = (size / 2) / COPY_RATE + 4 * MESSAGE_S + size / COPY_RATE
         local += size * OWN_S_PER_BYTE["all_gather"]
+        local += size / TOUCH_BPS if size > FRESH_ABOVE else 0.0
         return CALL_S + alpha + (size / 2) / (LINK_BPS / 2) + local
     if op == "broadcast":  # one message, alone on both ranks' links
         return CALL_S + alpha + size / LINK_BPS + MESSAGE_S + size * OWN_S_PER_BYTE["broadcast"]
@@ -316,7 +320,7 @@ def test_fit_recovers_link_parameters_exactly():
     assert link.latency_s == pytest.approx(LINK_LATENCY_S, rel=1e-6)
     assert link.bandwidth_bytes_per_s == pytest.approx(LINK_BPS, rel=1e-6)
     assert fit.profile.message_s == pytest.approx(MESSAGE_S, rel=1e-6)
-    assert fit.profile.first_touch_bytes_per_s is None  # no row faults a temporary in
+    assert fit.profile.first_touch_bytes_per_s == pytest.approx(TOUCH_BPS, rel=1e-6)
     assert fit.profile.p2p_call_latency_s == pytest.approx(P2P_CALL_S, rel=1e-6)
     own = fit.profile.op_s_per_byte
     assert set(own) == set(OWN_S_PER_BYTE)

@@ -396,8 +396,9 @@ def _gloo(topo: Topology, call: CollectiveCall) -> Built:
     if op is CollectiveOp.ALL_REDUCE:
         return _gloo_allreduce(topo, call.group, size, op)
     if op is CollectiveOp.REDUCE_SCATTER:
-        # ProcessGroupGloo: clone the input (a fresh block), all_reduce it, copy the own chunk
-        clone_s = work.allocate_s(size) + work.copy_s(size)
+        # ProcessGroupGloo: clone the input on the calling thread (its heap keeps the memory),
+        # all_reduce the clone, copy the own chunk out
+        clone_s = work.copy_s(size)
         phases, closed = _gloo_allreduce(topo, call.group, size, op)
         chunk_s = work.copy_s(size / n)
         local = [Phase((), local_s=clone_s), *phases, Phase((), local_s=chunk_s)]
@@ -442,7 +443,8 @@ def _gloo_allreduce(topo: Topology, group: Sequence[int], size: float, op: Colle
 
 
 def _gloo_allgather(topo: Topology, group: Sequence[int], size: float) -> Built:
-    """ProcessGroupGloo allocates a flat output (a fresh block when large), gloo primes the
+    """ProcessGroupGloo allocates a flat output on its worker thread (a fresh block when it
+    does not fit that thread's heap: `LocalWork.fresh_above_bytes`), gloo primes the
     own slot (a copy of S/n) and runs a ring to rank+1 in half blocks, two in flight: n-1
     steps of S/n, 2(n-1) messages each way per rank; torch then copies the n slices out. The
     op's own cost is charged on the 2 (n-1)/n S bytes a rank sends plus receives."""
