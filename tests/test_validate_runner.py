@@ -92,6 +92,20 @@ def test_a_launcher_that_cannot_start_is_reported(tmp_path: Path) -> None:
     assert m.detail
 
 
+@pytest.mark.parametrize(
+    ("flag", "value", "allowed"),
+    [("--warmup", "-1", "a whole number, 0 or more"), ("--steps", "0", "a positive integer")],
+)
+def test_bad_step_counts_get_one_line_and_exit_2(
+    flag: str, value: str, allowed: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["validate", flag, value]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert allowed in err[0]
+    assert flag.removeprefix("--") in err[0]
+
+
 def test_multi_node_without_emulation_is_refused(tmp_path: Path) -> None:
     from zsim.errors import InputError
 

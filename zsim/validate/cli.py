@@ -95,8 +95,9 @@ def _int(field: str, text: str, zero: bool = False) -> int:
         value = int(text)
     except ValueError:
         raise InputError(field, text, "a whole number") from None
-    if zero and value == 0:
-        return 0
+    if zero:
+        require(value >= 0, field, value, "a whole number, 0 or more")
+        return value
     return positive_int(field, value)
 
 
