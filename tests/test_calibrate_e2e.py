@@ -19,6 +19,7 @@ TINY = "gpt-125m:layers=1,hidden=64,heads=2,seq-len=32,vocab=256"
 def test_quick_calibration_on_two_cpu_ranks(tmp_path, capsys):
     out = tmp_path / "calibration" / "quick.json"
     argv = ["calibrate", "--quick", "--nproc", "2", "--model", TINY, "--micro-batches", "1"]
+    argv += ["--launches", "2"]  # two worker processes, their samples merged
     assert main([*argv, "--out", str(out), "--no-progress"]) == 0
     assert "wrote" in capsys.readouterr().out
     assert {p.name for p in out.parent.iterdir()} == {"quick.json", "quick.csv", "quick-fit.png"}
@@ -27,6 +28,7 @@ def test_quick_calibration_on_two_cpu_ranks(tmp_path, capsys):
     cal = load_calibration(out)
     assert profile.backend == "gloo"
     assert cal.provenance["world_size"] == 2
+    assert cal.provenance["launches"] == 2
     assert cal.provenance["torch_num_threads"] >= 1
     assert cal.provenance["topology"] == "1x2-cpu"
     rates = profile.rates["fp32"]
@@ -53,7 +55,8 @@ def test_quick_calibration_on_two_cpu_ranks(tmp_path, capsys):
         "sendrecv",
     }
     raw = json.loads(out.read_text())
-    assert all(len(r["samples_s"]) >= 5 for r in raw["measurements"])
+    # each launch measured its share (3 of the quick plan's 5 samples at least)
+    assert all(len(r["samples_s"]) >= 6 for r in raw["measurements"])
     assert {"kind", "op", "fitted", "median_rel_err", "worst_rel_err"} <= set(
         raw["fit"]["residuals"][0]
     )

@@ -55,6 +55,11 @@ def add_commands(sub: Any) -> None:
     p.add_argument(
         "--max-size", default="268435456", help="largest collective size in bytes (default 256 MiB)"
     )
+    p.add_argument(
+        "--launches",
+        help="worker processes the measurements are spread over (default 3 on cpu, where the "
+        "OS places each process's threads differently; 1 on cuda and with --quick)",
+    )
     p.add_argument("--quick", action="store_true", help="a small, fast run (tests, smoke checks)")
     p.add_argument("--name", help="profile name (default DEVICE-NPROCrank)")
     p.add_argument("--out", type=Path, help="output JSON (default calibration/NAME.json)")
@@ -145,6 +150,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         topology=topology,
         link_classes=_link_classes(topology),
         max_collective_bytes=_int("max_size", args.max_size),
+        launches=_int("launches", args.launches) if args.launches else None,
     )
     try:
         written = runner.calibrate(

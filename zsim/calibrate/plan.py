@@ -12,6 +12,7 @@ reduce_scatter; algbw = S / t and busbw = algbw x `bus_factor`.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -149,6 +150,22 @@ class Measurement:
         return Measurement(**values)
 
 
+def merge(before: list[Measurement], new: list[Measurement]) -> list[Measurement]:
+    """The rows of one more round (or launch) appended to the same rows measured before."""
+    if not before:
+        return new
+    require(
+        [(a.kind, a.label) for a in before] == [(b.kind, b.label) for b in new],
+        "measurements",
+        len(new),
+        "the same rows in every round and launch",
+    )
+    return [
+        dataclasses.replace(a, samples_s=a.samples_s + b.samples_s, dropped=a.dropped + b.dropped)
+        for a, b in zip(before, new, strict=True)
+    ]
+
+
 def _bytes(n: float) -> str:
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= scale:
@@ -177,8 +194,25 @@ class Plan:
     repeats: int = 9  # samples per row at least, spread over the rounds
     max_repeats: int = 150  # samples per row at most (fast rows get more, for robust medians)
     rounds: int = 3  # passes over the whole set, so a slow spell of a shared host hits every row
+    # worker processes the rounds are spread over: the OS places a process's threads once
+    # (2 gloo ranks on 2 cores ran all_reduce 1.65x apart, process to process), so a row's
+    # samples come from several placements, as training launches get them
+    launches: int = 1
     min_sample_s: float = 2e-4  # tiny ops are looped until one sample takes this long
     max_row_s: float = 4.0  # time per row (all rounds) beyond `repeats` samples
+
+    def per_launch(self) -> Plan:
+        """What one of `launches` worker processes measures: its share of the rounds, of the
+        samples and of the time per row (all launches together measure what the plan says)."""
+        k = self.launches
+        return dataclasses.replace(
+            self,
+            rounds=max(1, self.rounds // k),
+            repeats=math.ceil(self.repeats / k),
+            max_repeats=math.ceil(self.max_repeats / k),
+            max_row_s=self.max_row_s / k,
+            launches=1,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -273,8 +307,13 @@ def default_plan(
     topology: str = "",
     link_classes: dict[str, str] | None = None,
     max_collective_bytes: int = 256 * 2**20,
+    launches: int | None = None,
 ) -> Plan:
-    """The standard measurement set; `quick` is a small one for tests (well under a minute)."""
+    """The standard measurement set; `quick` is a small one for tests (well under a minute).
+    `launches` defaults to 3 worker processes on CPU, where placement varies from process to
+    process, and 1 on CUDA or `quick`."""
+    if launches is None:
+        launches = 1 if quick or device == "cuda" else 3
     squares = (16, 64, 256, 512) if quick else powers(16, 2048, 2)
     gemms = {(s, s, s, 1) for s in squares}
     for model in models:  # the giant ones (a large vocabulary's logits) are timed as layers
@@ -306,6 +345,7 @@ def default_plan(
         warmup=1 if quick else 3,
         repeats=5 if quick else 9,
         max_repeats=15 if quick else 150,
-        rounds=1 if quick else 3,
+        rounds=max(1 if quick else 3, launches),
+        launches=launches,
         max_row_s=0.3 if quick else 4.0,
     )

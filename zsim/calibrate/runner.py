@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from zsim.calibrate.fit import Fit, fit_profile
-from zsim.calibrate.plan import PROGRESS, RANKS_ON_HOST_ENV, Measurement, Plan
+from zsim.calibrate.plan import PROGRESS, RANKS_ON_HOST_ENV, Measurement, Plan, merge
 from zsim.calibrate.profile import Calibration, save_profile
 from zsim.errors import InputError, require
 
@@ -355,27 +355,59 @@ def calibrate(
     if busy:
         print(f"zsim: warning: {busy}", file=sys.stderr)
         info["warning"] = busy
+    raws: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="zsim-calibrate-") as tmp:
-        plan_path, raw_path = Path(tmp) / "plan.json", Path(tmp) / "raw.json"
-        plan_path.write_text(json.dumps(plan.to_dict()))
+        plan_path = Path(tmp) / "plan.json"
+        plan_path.write_text(json.dumps(plan.per_launch().to_dict()))
         with progress_bar(show_progress) as update:
-            if emulation is None:
-                run_local(plan, launch, plan_path, raw_path, update)
-            else:
-                info["emulation"] = run_emulated(plan, emulation, plan_path, raw_path, update)
-        if launch.node_rank != 0:
-            return None
-        raw = json.loads(raw_path.read_text())
+            for k in range(plan.launches):
+                raw_path = Path(tmp) / f"raw{k}.json"
+                shown = launch_progress(update, k, plan.launches)
+                if emulation is None:
+                    run_local(plan, launch, plan_path, raw_path, shown)
+                else:
+                    info["emulation"] = run_emulated(plan, emulation, plan_path, raw_path, shown)
+                if launch.node_rank == 0:
+                    raws.append(json.loads(raw_path.read_text()))
+    if launch.node_rank != 0:
+        return None
     info["load_after"] = load_average()
-    info |= raw["provenance"]
+    info |= launches_provenance([raw["provenance"] for raw in raws])
     info |= memory_of(info)
-    cal, fit = fit_calibration(name, raw["measurements"], info, plan)
+    rows: list[Measurement] = []
+    for raw in raws:
+        rows = merge(rows, [Measurement.from_dict(r) for r in raw["measurements"]])
+    cal, fit = fit_measurements(name, tuple(rows), info, plan.to_dict())
     written = save_profile(cal, out)
     if plot:
         from zsim.calibrate.plots import save_fit_png
 
         written.append(save_fit_png(cal, fit, out.with_name(out.stem + "-fit.png")))
     return Written(cal, fit, written)
+
+
+def launch_progress(
+    update: Callable[[int, int, str], None], k: int, launches: int
+) -> Callable[[int, int, str], None]:
+    """Launch k's worker progress shown as part of all launches."""
+    if launches == 1:
+        return update
+
+    def shown(done: int, total: int, label: str) -> None:
+        update(k * total + done, launches * total, f"launch {k + 1}/{launches}, {label}")
+
+    return shown
+
+
+def launches_provenance(each: list[dict[str, Any]]) -> dict[str, Any]:
+    """The workers' provenance of several launches as one: the first launch's, with the
+    launches counted, their measuring time summed and the largest rank footprint."""
+    out = dict(each[0])
+    out["launches"] = len(each)
+    out["measure_seconds"] = round(sum(p.get("measure_seconds", 0.0) for p in each), 1)
+    if all("rank_rss_bytes" in p for p in each):
+        out["rank_rss_bytes"] = max(p["rank_rss_bytes"] for p in each)
+    return out
 
 
 def memory_of(info: Mapping[str, Any]) -> dict[str, float]:
@@ -391,14 +423,6 @@ def memory_of(info: Mapping[str, Any]) -> dict[str, float]:
         "memory_bytes": float(info["host_memory_bytes"]) / local,
         "reserved_bytes": float(info.get("rank_rss_bytes", 0)),
     }
-
-
-def fit_calibration(
-    name: str, rows: list[dict[str, Any]], info: Mapping[str, Any], plan: Plan
-) -> tuple[Calibration, Fit]:
-    return fit_measurements(
-        name, tuple(Measurement.from_dict(r) for r in rows), info, plan.to_dict()
-    )
 
 
 def refit(cal: Calibration, out: Path, plot: bool = True) -> Written:

@@ -20,7 +20,6 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import replace
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -42,6 +41,7 @@ from zsim.calibrate.plan import (
     Plan,
     attention_ops,
     layer_kinds,
+    merge,
 )
 from zsim.model import LayerKind, ModelKind, ModelSpec
 
@@ -456,16 +456,6 @@ class Bench:
                 dropped=dropped,
             )
         ]
-
-
-def merge(before: list[Measurement], new: list[Measurement]) -> list[Measurement]:
-    """The rows of one more round appended to the same rows of the earlier rounds."""
-    if not before:
-        return new
-    return [
-        replace(a, samples_s=a.samples_s + b.samples_s, dropped=a.dropped + b.dropped)
-        for a, b in zip(before, new, strict=True)
-    ]
 
 
 def _event() -> Any:
