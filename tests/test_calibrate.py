@@ -8,7 +8,7 @@ import pytest
 
 from zsim.calibrate.fit import fit_profile
 from zsim.calibrate.keys import ADAM_STEP_BYTES_PER_PARAM, layer_time_key, model_signature
-from zsim.calibrate.plan import Kind, Measurement, Plan, default_plan
+from zsim.calibrate.plan import Kind, Measurement, Plan, default_plan, merge
 from zsim.calibrate.profile import (
     Calibration,
     load_calibration,
@@ -197,6 +197,7 @@ def test_not_json_is_exit_2(tmp_path, capsys):
         (["--model", "gpt-9"], "model='gpt-9'"),
         (["--model", "gpt-125m:depth=3"], "model="),
         (["--micro-batches", "1,x"], "micro_batches"),
+        (["--launches", "0"], "launches='0'"),
     ],
 )
 def test_bad_calibrate_input_is_one_line_and_exit_2(tmp_path, capsys, argv, needle):
@@ -243,6 +244,8 @@ MESSAGE_S = 25e-6  # CPU per message a rank handles
 # each op's own CPU per byte a rank sends plus receives; broadcast's none (the wire's reference)
 OWN_S_PER_BYTE = {"all_gather": 0.3e-9, "all_reduce": 0.05e-9, "reduce_scatter": 0.08e-9}
 OWN_S_PER_BYTE |= {"send_recv": 0.02e-9, "broadcast": 0.0}
+# the own cost per call of the ops torch wraps around gloo's (allocations, clones, copies)
+OWN_CALL_S = {"all_gather": 60e-6, "reduce_scatter": 40e-6}
 SUM_BPS = MEM_RATE / 3  # output bytes of a + b: the elementwise rate moves three operands
 # all_gather's flat output is allocated on gloo's worker thread: beyond a thread arena's 64 MiB
 # heap (glibc HEAP_MAX_SIZE) it is mapped afresh and faulted in on every call
@@ -256,9 +259,10 @@ def gloo_two_ranks_s(op, size):
     two segments in flight, so a ring step costs one alpha; each rank's CPU pays MESSAGE_S per
     message it sends or receives (per call), its copies run at the memcpy rate, its sums at a
     third of the elementwise rate, and the op's own OWN_S_PER_BYTE on what it sends plus
-    receives (all_gather S, all_reduce 2 S, send/recv S per call, broadcast S); send/recv has
-    its own call latency. all_gather's flat output above FRESH_ABOVE is faulted in at
-    TOUCH_BPS; every other temporary comes from memory already touched."""
+    receives (all_gather S, all_reduce 2 S, send/recv S per call, broadcast S) and the wrapped
+    ops their OWN_CALL_S; send/recv has its own call latency. all_gather's flat output above
+    FRESH_ABOVE is faulted in at TOUCH_BPS; every other temporary comes from memory already
+    touched."""
     alpha = 2 * LINK_LATENCY_S
     segments = -(-max(-(-size // MIB), 4) // 2) * 2  # roundUp(max(S / 1 MiB, 2n), n)
     # reduce-scatter and all-gather loops: each rank sends and receives its k segments, but an
@@ -269,11 +273,11 @@ def gloo_two_ranks_s(op, size):
     if op == "all_reduce":
         return all_reduce + 2 * size * OWN_S_PER_BYTE["all_reduce"]
     if op == "reduce_scatter_tensor":  # clone, all_reduce, copy the own half
-        own = 2 * size * OWN_S_PER_BYTE["reduce_scatter"]
+        own = 2 * size * OWN_S_PER_BYTE["reduce_scatter"] + OWN_CALL_S["reduce_scatter"]
         return size / COPY_RATE + all_reduce + (size / 2) / COPY_RATE + own
     if op == "all_gather_into_tensor":  # flat output, prime own half, ring, copy out
         local = (size / 2) / COPY_RATE + 4 * MESSAGE_S + size / COPY_RATE
-        local += size * OWN_S_PER_BYTE["all_gather"]
+        local += size * OWN_S_PER_BYTE["all_gather"] + OWN_CALL_S["all_gather"]
         local += size / TOUCH_BPS if size > FRESH_ABOVE else 0.0
         return CALL_S + alpha + (size / 2) / (LINK_BPS / 2) + local
     if op == "broadcast":  # one message, alone on both ranks' links
@@ -326,6 +330,7 @@ def test_fit_recovers_link_parameters_exactly():
     assert set(own) == set(OWN_S_PER_BYTE)
     for op, s_per_byte in OWN_S_PER_BYTE.items():
         assert own[op] == pytest.approx(s_per_byte, rel=1e-6, abs=1e-18), op
+    assert fit.profile.op_call_s == pytest.approx(OWN_CALL_S, rel=1e-6)
     coll = [r for r in fit.residuals if r.kind == "collective"]
     assert len(coll) == 5
     assert all(r.worst_rel_err < 1e-6 for r in coll)
@@ -342,6 +347,64 @@ def test_fit_recovers_link_parameters_through_noise(tmp_path):
     assert fit.profile.message_s == pytest.approx(MESSAGE_S, rel=0.2)
     assert fit.profile.p2p_call_latency_s == pytest.approx(P2P_CALL_S, rel=0.2)
     assert fit.profile.op_s_per_byte["all_gather"] == pytest.approx(0.3e-9, rel=0.1)
+    assert fit.profile.op_call_s["all_gather"] == pytest.approx(60e-6, rel=0.3)
     cal = Calibration("synthetic", fit.profile, rows, fit.residuals, provenance=info)
     save_profile(cal, tmp_path / "p.json")
     assert load_profile(tmp_path / "p.json") == fit.profile  # links and call latency kept
+
+
+def test_launches_share_the_plans_rounds_samples_and_time():
+    plan = default_plan("cpu", "fp32", (), (1,), quick=False)
+    assert plan.launches == 3  # CPU: placement differs from process to process
+    assert default_plan("cuda", "bf16", (), (1,), quick=False).launches == 1
+    assert default_plan("cpu", "fp32", (), (1,), quick=True).launches == 1
+    one = plan.per_launch()
+    assert one.launches == 1
+    assert one.rounds * plan.launches == plan.rounds
+    assert one.repeats * plan.launches >= plan.repeats
+    assert one.max_repeats * plan.launches >= plan.max_repeats
+    assert one.max_row_s * plan.launches == pytest.approx(plan.max_row_s)
+    # more launches than rounds: every launch still runs one round
+    many = default_plan("cpu", "fp32", (), (1,), quick=False, launches=5)
+    assert many.per_launch().rounds == 1
+    assert many.rounds == 5
+
+
+def test_merge_appends_the_samples_of_the_same_rows():
+    def row(op: str, *samples: float) -> Measurement:
+        return Measurement(Kind.MEMORY, op, "fp32", samples, size_bytes=1024)
+
+    first = [row("add", 1.0, 2.0), row("copy", 3.0)]
+    merged = merge(merge([], first), [row("add", 4.0), row("copy", 5.0, 6.0)])
+    assert [m.samples_s for m in merged] == [(1.0, 2.0, 4.0), (3.0, 5.0, 6.0)]
+    with pytest.raises(InputError, match="the same rows"):
+        merge(first, [row("copy", 1.0), row("add", 1.0)])
+
+
+def _nnls_by_enumeration(a, y):
+    """The non-negative least-squares optimum by definition: the best unconstrained solution
+    over every set of free variables whose values are all non-negative."""
+    import itertools
+
+    best, best_err = np.zeros(a.shape[1]), float(y @ y)
+    for k in range(1, a.shape[1] + 1):
+        for free in itertools.combinations(range(a.shape[1]), k):
+            x, *_ = np.linalg.lstsq(a[:, free], y, rcond=None)
+            err = float(np.sum((a[:, free] @ x - y) ** 2))
+            if np.all(x >= 0) and err < best_err:
+                best, best_err = np.zeros(a.shape[1]), err
+                best[list(free)] = x
+    return best
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_nonnegative_least_squares_finds_the_optimum(seed):
+    from zsim.calibrate.links import nonnegative_lstsq
+
+    rng = np.random.default_rng(seed)
+    a = rng.random((12, 6)) * np.array([1, 1e-9, 1e3, 1, 1e6, 1])  # unknowns of unlike units
+    y = a @ rng.normal(size=6) + 0.1 * rng.normal(size=12)  # some of them negative
+    x = nonnegative_lstsq(a, y)
+    expected = _nnls_by_enumeration(a, y)
+    assert np.all(x >= 0)
+    assert np.sum((a @ x - y) ** 2) == pytest.approx(np.sum((a @ expected - y) ** 2), rel=1e-9)

@@ -545,6 +545,7 @@ def plan(topo: Topology, call: CollectiveCall) -> Plan:
     overhead = topo.call_latency_s
     if call.op is CollectiveOp.SEND_RECV and topo.p2p_call_latency_s is not None:
         overhead = topo.p2p_call_latency_s
+    overhead += topo.local_work.op_call(call.op)
     if len(call.group) == 1:
         return Plan(call, name, (), overhead, overhead)
     if name == "nccl-ring" and _nccl_prefers_tree(topo, call):

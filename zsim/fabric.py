@@ -76,7 +76,13 @@ class LocalWork:
     share, such as torch's flatten, temporary output and copy-out around gloo's all_gather and
     gloo's half-block loop (collectives_algorithms.md 1.2), or its segment loop and scratch
     buffer in all_reduce. It is fitted per op from calibration (`zsim.calibrate.links`), the
-    op that moves bytes most cheaply defining the wire."""
+    op that moves bytes most cheaply defining the wire.
+
+    `op_call_s` is, likewise, an op's own fixed CPU per call beyond the backend's call latency
+    (the op with the cheapest calls defining that latency): ProcessGroupGloo wraps each op
+    differently (all_gather_into_tensor allocates and copies out a flat output,
+    reduce_scatter_tensor clones its input and all-reduces it, broadcast and all_reduce run
+    gloo's algorithm on the tensor), and on 2 ranks here their 8-byte calls took 0.22-0.34 ms."""
 
     message_s: float = 0.0  # CPU per message a rank sends or receives (syscalls, wake-ups)
     copy_bytes_per_s: float = math.inf  # memcpy into touched memory (torch copy_, clone)
@@ -84,6 +90,7 @@ class LocalWork:
     first_touch_bytes_per_s: float = math.inf  # page faults on the first write of a fresh block
     fresh_above_bytes: float = math.inf  # blocks larger than this are mapped fresh every call
     op_s_per_byte: Mapping[str, float] = field(default_factory=dict)  # by op: CPU s per byte moved
+    op_call_s: Mapping[str, float] = field(default_factory=dict)  # by op: CPU s per call
 
     def copy_s(self, nbytes: float) -> float:
         return nbytes / self.copy_bytes_per_s
@@ -94,6 +101,10 @@ class LocalWork:
     def op_s(self, op: str, moved_bytes: float) -> float:
         """`op`'s own CPU for `moved_bytes` a rank sends plus receives (`op_s_per_byte`)."""
         return moved_bytes * self.op_s_per_byte.get(op, 0.0)
+
+    def op_call(self, op: str) -> float:
+        """`op`'s own fixed CPU per call (`op_call_s`)."""
+        return self.op_call_s.get(op, 0.0)
 
     def allocate_s(self, nbytes: float) -> float:
         """A temporary of `nbytes`: free when the allocator reuses memory, else its faults."""

@@ -87,6 +87,8 @@ class DeviceProfile:
     # fitted CPU seconds per byte a rank sends plus receives in each gloo op (by CollectiveOp
     # value) beyond the wire and the modelled copies and sums (fabric.LocalWork.op_s_per_byte)
     op_s_per_byte: Mapping[str, float] = field(default_factory=dict)
+    # fitted CPU seconds per call of each gloo op beyond call_latency_s (fabric.LocalWork.op_call_s)
+    op_call_s: Mapping[str, float] = field(default_factory=dict)
     backend: str = "nccl"  # "gloo" for CPU ranks: collectives and stream semantics differ
     notes: tuple[str, ...] = ()
 

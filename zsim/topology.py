@@ -422,10 +422,14 @@ def with_call_latency(
 
 
 def with_local_work(
-    topo: Topology, op_s_per_byte: Mapping[str, float] | None = None, **rates: float
+    topo: Topology,
+    op_s_per_byte: Mapping[str, float] | None = None,
+    op_call_s: Mapping[str, float] | None = None,
+    **rates: float,
 ) -> Topology:
     """A copy whose ranks' local work has the given fields of `LocalWork` (calibrated rates),
-    and, when given, the ops' own costs per byte (`LocalWork.op_s_per_byte`, replaced whole)."""
+    and, when given, the ops' own costs per byte and per call (`LocalWork.op_s_per_byte`,
+    `LocalWork.op_call_s`, each replaced whole)."""
     for key, value in rates.items():
         if key == "message_s":
             require(value >= 0, "local work message_s", value, ">= 0 s")
@@ -437,6 +441,10 @@ def with_local_work(
         for op, value in op_s_per_byte.items():
             require(value >= 0, f"local work op_s_per_byte.{op}", value, ">= 0 s per byte")
         work = replace(work, op_s_per_byte=dict(op_s_per_byte))
+    if op_call_s is not None:
+        for op, value in op_call_s.items():
+            require(value >= 0, f"local work op_call_s.{op}", value, ">= 0 s")
+        work = replace(work, op_call_s=dict(op_call_s))
     return replace(topo, local_work=work, _node_routes={}, _routes={})
 
 
@@ -567,4 +575,6 @@ def _local_work_summary(work: LocalWork) -> dict[str, Any]:
         out["op_ns_per_byte"] = {
             str(op): round(v * 1e9, 9) for op, v in sorted(work.op_s_per_byte.items())
         }
+    if work.op_call_s:
+        out["op_call_us"] = {str(op): round(v * 1e6, 6) for op, v in sorted(work.op_call_s.items())}
     return out

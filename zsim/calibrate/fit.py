@@ -305,6 +305,7 @@ def fit_profile(name: str, rows: Sequence[Measurement], info: Mapping[str, Any])
             first_touch_bytes_per_s=fitted.first_touch_bytes_per_s,
             p2p_call_latency_s=fitted.p2p_call_latency_s,
             op_s_per_byte=fitted.op_s_per_byte,
+            op_call_s=fitted.op_call_s,
         )
         link_params = links.params_of(topo, fitted, collectives)
         link_predict = links.predictor(links.apply_profile(topo, profile))

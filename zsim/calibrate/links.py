@@ -4,10 +4,11 @@ measured cluster's topology) reproduces the measured collective times.
 
 The model's time of a call is linear in its unknowns as long as the bottleneck link class of a
 route does not change: t = call_latency + sum_c a_c * latency_c + b * (1 / bandwidth_g)
-+ m * message + f * (1 / first_touch) + v_op * s_op, where a_c counts the link latencies of
-class c the algorithm pays, b the bytes it pushes through the group's bottleneck class g, m the
-messages the busiest rank handles, f the bytes of fresh temporaries it faults in and v_op the
-bytes the busiest rank sends plus receives, at its op's own CPU cost s_op per byte (gloo). On
++ m * message + f * (1 / first_touch) + v_op * s_op + c_op, where a_c counts the link
+latencies of class c the algorithm pays, b the bytes it pushes through the group's bottleneck
+class g, m the messages the busiest rank handles, f the bytes of fresh temporaries it faults in
+and v_op the bytes the busiest rank sends plus receives, at its op's own CPU cost s_op per byte
+(gloo); c_op is the own cost per call of an op torch wraps around gloo's (`WRAPPED_OPS`). On
 gloo, send/recv has its own call latency (torch posts it on the caller's thread, not through
 the process group's worker queue). The coefficients are read off the model itself by probing
 it (every unknown at zero cost, then one at 1 s, 1 B/s or 1 s/B), so no formula of
@@ -22,7 +23,7 @@ non-negative). An op's cost is then its CPU per byte beyond that op's.
 
 What the profile measures directly is not fitted here: a gloo rank's copies run at the
 profile's memcpy rate and its sums at its elementwise rate (`local_rates`), so only the page
-faults of fresh memory, the cost per message and the ops' own costs per byte come from the
+faults of fresh memory, the cost per message and the ops' own costs come from the
 collective rows (microbenchmarks only: never end-to-end runs).
 
 `apply_profile` is how a profile's links, call latency and local work override a topology: the
@@ -31,7 +32,6 @@ simulator and this fit use the same function.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -51,6 +51,11 @@ OPS = {
     Collective.BROADCAST: CollectiveOp.BROADCAST,
     Collective.SENDRECV: CollectiveOp.SEND_RECV,
 }
+WRAPPED_OPS = (CollectiveOp.ALL_GATHER, CollectiveOp.REDUCE_SCATTER)
+"""The ops ProcessGroupGloo wraps around gloo's algorithm, with a cost of their own per call
+(`LocalWork.op_call_s`): all_gather_into_tensor allocates a flat output and copies it out,
+reduce_scatter_tensor clones its input and all-reduces it. all_reduce and broadcast run gloo's
+algorithm on the tensor itself: theirs is the common call latency (send/recv has its own)."""
 HUGE_BPS = 1e30  # a bandwidth that never limits (probing)
 PROBE_FLOOR_S = 1e-3  # a unit unknown (1 s, 1 B/s) a row depends on adds at least this
 
@@ -68,7 +73,9 @@ def apply_profile(topo: Topology, profile: DeviceProfile) -> Topology:
     p2p = profile.p2p_call_latency_s if gloo else None
     topo = _with_links(topo, profile.links, profile.call_latency_s, p2p)
     if gloo:
-        topo = with_local_work(topo, dict(profile.op_s_per_byte), **local_rates(profile))
+        topo = with_local_work(
+            topo, dict(profile.op_s_per_byte), dict(profile.op_call_s), **local_rates(profile)
+        )
     return topo
 
 
@@ -159,8 +166,8 @@ def link_class_of(topo: Topology, group: str, ranks: int) -> str:
 class LinkModelFit:
     """The fitted call latency, links and ranks' local work (`message_s`,
     `first_touch_bytes_per_s`, None where no row depends on it), send/recv's own call latency
-    and the ops' own costs per byte (gloo: None and empty elsewhere, the reference op at 0),
-    and the model's time of each fitted row."""
+    and the ops' own costs per byte (gloo: None and empty elsewhere, the reference op at 0) and
+    per call (the `WRAPPED_OPS`), and the model's time of each fitted row."""
 
     call_latency_s: float
     links: dict[str, LinkFit]
@@ -169,11 +176,12 @@ class LinkModelFit:
     first_touch_bytes_per_s: float | None = None
     p2p_call_latency_s: float | None = None
     op_s_per_byte: dict[str, float] = field(default_factory=dict)
+    op_call_s: dict[str, float] = field(default_factory=dict)
 
 
 Unknown = tuple[str, LinkClass | CollectiveOp | None]
 """("call" | "p2p_call" | "latency" | "inv_bandwidth" | "message" | "inv_first_touch" |
-"op_s_per_byte", link class, op or None)."""
+"op_s_per_byte" | "op_call", link class, op or None)."""
 
 
 def _probe(
@@ -195,6 +203,7 @@ def _probe(
     return with_local_work(
         out,
         {op: 1.0 for op in ops if unit == ("op_s_per_byte", op)},
+        {op: 1.0 for op in ops if unit == ("op_call", op)},
         message_s=1.0 if unit == ("message", None) else 0.0,
         first_touch_bytes_per_s=1.0 if unit == ("inv_first_touch", None) else HUGE_BPS,
     )
@@ -203,12 +212,14 @@ def _probe(
 def fit_links(topo: Topology, rows: Sequence[tuple[int, Measurement]]) -> LinkModelFit:
     """Call latency (and on gloo send/recv's own), (latency, bandwidth) of every link class the
     rows exercise, the ranks' cost per message and page-fault rate, and each op's own cost per
-    byte (one op, the cheapest, at zero: the module's doc); `topo` carries the local rates the
-    profile measures (`apply_profile`)."""
+    byte (one op, the cheapest, at zero: the module's doc) and per call (`WRAPPED_OPS`);
+    `topo` carries the local rates the profile measures (`apply_profile`)."""
     require(bool(rows), "collective rows", 0, "at least one collective measurement")
     classes = sorted(set(topo.link_class), key=str)
     measured = [r for _, r in rows]
     ops = sorted({OPS[Collective(r.op)] for r in measured}, key=str)
+    gloo = topo.fabric.backend is Backend.GLOO
+    wrapped = [op for op in ops if gloo and op in WRAPPED_OPS]
     owners = [bottleneck_class(topo, calls_of(topo, r)[0].group) for r in measured]
     base = np.array([row_time_s(_probe(topo, classes, ops, None), r) for r in measured])
     columns: list[np.ndarray] = []
@@ -220,6 +231,7 @@ def fit_links(topo: Topology, rows: Sequence[tuple[int, Measurement]]) -> LinkMo
         ("message", None),
         ("inv_first_touch", None),
         *[("op_s_per_byte", op) for op in ops],
+        *[("op_call", op) for op in wrapped],
     ]
     for unknown in candidates:
         probe = _probe(topo, classes, ops, unknown)
@@ -252,14 +264,18 @@ def fit_links(topo: Topology, rows: Sequence[tuple[int, Measurement]]) -> LinkMo
     inv_touch = values.get(("inv_first_touch", None))
     first_touch = None if inv_touch is None else (1.0 / inv_touch if inv_touch > 0 else HUGE_BPS)
     op_costs = {str(u[1]): v for u, v in values.items() if u[0] == "op_s_per_byte"}
+    op_calls = {str(u[1]): v for u, v in values.items() if u[0] == "op_call"}
     local = {"message_s": message, "first_touch_bytes_per_s": first_touch}
     final = with_local_work(
         _with_links(topo, links, call_latency, p2p_call),
         op_costs,
+        op_calls,
         **{k: v for k, v in local.items() if v is not None},
     )
     predictions = {i: row_time_s(final, r) for i, r in rows}
-    return LinkModelFit(call_latency, links, predictions, message, first_touch, p2p_call, op_costs)
+    return LinkModelFit(
+        call_latency, links, predictions, message, first_touch, p2p_call, op_costs, op_calls
+    )
 
 
 def _without(a: np.ndarray, y: np.ndarray, reference: int) -> np.ndarray:
@@ -276,25 +292,32 @@ def _least_error(solutions: Sequence[np.ndarray], a: np.ndarray, y: np.ndarray) 
 
 
 def nonnegative_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """argmin |a x - y| with x >= 0, by trying every set of free variables (few unknowns).
-    Columns are solved at unit norm (seconds per second and per byte differ by 1e9)."""
+    """argmin |a x - y| with x >= 0: Lawson and Hanson's active-set method (Solving Least
+    Squares Problems, 1974, ch. 23). Columns are solved at unit norm (seconds per second and
+    per byte differ by 1e9)."""
     n = a.shape[1]
-    require(n <= 12, "unknowns", n, "at most 12 (call latencies, a few link classes and ops)")
     norms = np.linalg.norm(a, axis=0)
     norms[norms == 0] = 1.0
-    scaled = a / norms
-    best, best_err = np.zeros(n), float(np.sum(y * y))
-    for k in range(1, n + 1):
-        for free in itertools.combinations(range(n), k):
-            sub = scaled[:, free]
-            x, *_ = np.linalg.lstsq(sub, y, rcond=None)
-            if np.any(x < 0):
-                continue
-            err = float(np.sum((sub @ x - y) ** 2))
-            if err < best_err:
-                best_err, best = err, np.zeros(n)
-                best[list(free)] = x
-    return best / norms
+    s = a / norms
+    tol = 1e-10 * max(1.0, float(np.abs(s).max()))
+    x, free = np.zeros(n), np.zeros(n, dtype=bool)
+    for _ in range(3 * n):
+        gradient = s.T @ (y - s @ x)
+        if free.all() or gradient[~free].max() <= tol:
+            break
+        free[int(np.argmax(np.where(free, -np.inf, gradient)))] = True
+        while True:  # solve on the free set; step back until every free value is positive
+            z = np.zeros(n)
+            z[free] = np.linalg.lstsq(s[:, free], y, rcond=None)[0]
+            if np.all(z[free] > 0):
+                x = z
+                break
+            blocked = free & (z <= 0)
+            step = float(np.min(x[blocked] / (x[blocked] - z[blocked])))
+            x = x + step * (z - x)
+            free &= x > tol
+            x[~free] = 0.0
+    return x / norms
 
 
 def predictor(fitted_topo: Topology) -> Callable[[Measurement], float | None]:
@@ -345,4 +368,5 @@ def params_of(
 def _local_entry(fit: LinkModelFit) -> dict[str, float]:
     fitted = {"message_s": fit.message_s, "first_touch_bytes_per_s": fit.first_touch_bytes_per_s}
     own = {f"op_s_per_byte.{op}": v for op, v in sorted(fit.op_s_per_byte.items())}
+    own |= {f"op_call_s.{op}": v for op, v in sorted(fit.op_call_s.items())}
     return {k: v for k, v in fitted.items() if v is not None} | own

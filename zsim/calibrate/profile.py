@@ -68,6 +68,7 @@ def profile_to_dict(p: DeviceProfile) -> dict[str, Any]:
         "first_touch_bytes_per_s": p.first_touch_bytes_per_s,
         "p2p_call_latency_s": p.p2p_call_latency_s,
         "op_s_per_byte": dict(sorted(p.op_s_per_byte.items())),
+        "op_call_s": dict(sorted(p.op_call_s.items())),
         "backend": p.backend,
         "notes": list(p.notes),
     }
@@ -83,6 +84,16 @@ def _number(where: str, value: Any, allow_zero: bool = False) -> float:
 def _mapping(where: str, value: Any) -> dict[str, Any]:
     require(isinstance(value, dict), where, type(value).__name__, "a JSON object")
     return dict(value)
+
+
+def _per_op(where: str, value: Any) -> dict[str, float]:
+    """A mapping from collective op names to non-negative numbers."""
+    out = _mapping(where, value)
+    ops = [str(op) for op in CollectiveOp]
+    for k, v in out.items():
+        require(k in ops, where, k, f"one of {ops}")
+        out[k] = _number(f"{where}.{k}", v, allow_zero=True)
+    return out
 
 
 def _record(
@@ -166,11 +177,8 @@ def profile_from_dict(d: Any, where: str = "profile.device") -> DeviceProfile:
     p2p_call = data.get("p2p_call_latency_s")
     if p2p_call is not None:
         p2p_call = _number(f"{where}.p2p_call_latency_s", p2p_call, allow_zero=True)
-    op_costs = _mapping(f"{where}.op_s_per_byte", data.get("op_s_per_byte", {}))
-    ops = [str(op) for op in CollectiveOp]
-    for k, v in op_costs.items():
-        require(k in ops, f"{where}.op_s_per_byte", k, f"one of {ops}")
-        op_costs[k] = _number(f"{where}.op_s_per_byte.{k}", v, allow_zero=True)
+    op_costs = _per_op(f"{where}.op_s_per_byte", data.get("op_s_per_byte", {}))
+    op_calls = _per_op(f"{where}.op_call_s", data.get("op_call_s", {}))
     backend = data.get("backend", "nccl")
     require(backend in ("nccl", "gloo"), f"{where}.backend", backend, "nccl or gloo")
     return DeviceProfile(
@@ -198,6 +206,7 @@ def profile_from_dict(d: Any, where: str = "profile.device") -> DeviceProfile:
         first_touch_bytes_per_s=first_touch,
         p2p_call_latency_s=p2p_call,
         op_s_per_byte=op_costs,
+        op_call_s=op_calls,
         backend=backend,
         notes=tuple(notes),
     )

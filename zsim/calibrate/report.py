@@ -49,6 +49,8 @@ def summary_rows(cal: Calibration) -> list[tuple[str, str]]:
         rows.append(("CPU per message (gloo)", f"{p.message_s * 1e6:.1f} us"))
     if p.first_touch_bytes_per_s is not None:
         rows.append(("page faults (gloo)", f"{p.first_touch_bytes_per_s / 1e9:.2f} GB/s"))
+    for op, call_s in sorted(p.op_call_s.items()):
+        rows.append((f"{op} own call (gloo)", f"{call_s * 1e6:.1f} us"))
     for op, s_per_byte in sorted(p.op_s_per_byte.items()):
         rows.append((f"{op} own CPU (gloo)", f"{s_per_byte * 1e9:.3f} ns per byte moved"))
     for cls, link in p.links.items():
