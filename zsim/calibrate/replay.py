@@ -1,0 +1,37 @@
+"""The simulator's time of a measured row under a profile: what `zsim run` would predict for
+that microbenchmark. Only the simulator's own functions are used (not the fit's): a kernel from
+`DeviceProfile.op_time_s`, a layer from `DeviceProfile.layer_time`, a copy or an Adam step from
+the profile's rates, a collective from the flow simulation (`zsim.collectives.simulate_s`) of
+the calls the microbenchmark ran, on the measured cluster's topology with the profile applied."""
+
+from __future__ import annotations
+
+from zsim.calibrate.keys import ADAM_STEP_BYTES_PER_PARAM
+from zsim.calibrate.links import calls_of
+from zsim.calibrate.plan import Kind, Measurement
+from zsim.collectives import simulate_s
+from zsim.hardware import DeviceProfile
+from zsim.model import ComputeOp, OpKind
+from zsim.topology import Topology
+
+
+def simulated_s(profile: DeviceProfile, topo: Topology, row: Measurement) -> float:
+    """Seconds per call of `row`'s microbenchmark; `topo` has the profile applied
+    (`zsim.calibrate.links.apply_profile`)."""
+    if row.kind is Kind.GEMM:
+        op = ComputeOp(row.op, OpKind.GEMM, row.flops, 0.0, row.shape[:3], row.shape[3])
+        return profile.op_time_s(op, row.dtype)
+    if row.kind is Kind.ATTENTION:
+        return profile.op_time_s(ComputeOp(row.op, OpKind.ATTENTION, row.flops, 0.0), row.dtype)
+    if row.kind is Kind.MEMORY:
+        return profile.op_time_s(ComputeOp(row.op, OpKind.MEMORY, 0.0, row.size_bytes), row.dtype)
+    if row.kind in (Kind.LAYER_FORWARD, Kind.LAYER_BACKWARD):
+        layer = profile.layer_time(row.layer_key)
+        if layer is None:
+            raise KeyError(f"the profile has no time for layer {row.layer_key}")
+        return layer.forward_s if row.kind is Kind.LAYER_FORWARD else layer.backward_s
+    if row.kind is Kind.HOST_COPY:
+        return row.size_bytes / profile.host_link_bytes_per_s
+    if row.kind is Kind.OPTIMIZER:
+        return row.params * ADAM_STEP_BYTES_PER_PARAM / profile.optimizer_bytes_per_s
+    return max(simulate_s(topo, calls_of(topo, row)))
