@@ -408,3 +408,15 @@ def test_nonnegative_least_squares_finds_the_optimum(seed):
     expected = _nnls_by_enumeration(a, y)
     assert np.all(x >= 0)
     assert np.sum((a @ x - y) ** 2) == pytest.approx(np.sum((a @ expected - y) ** 2), rel=1e-9)
+
+
+def test_every_node_of_a_multi_node_calibration_names_the_same_port(tmp_path):
+    from zsim.calibrate.runner import Launch, worker_argv
+
+    def port(launch):
+        argv = worker_argv(launch, tmp_path / "plan.json", tmp_path / "raw.json")
+        return next(a for a in argv if a.startswith("--master_port="))
+
+    nodes = [Launch(nproc=2, nnodes=2, node_rank=r, master_addr="10.0.0.1") for r in (0, 1)]
+    assert port(nodes[0]) == port(nodes[1]) == "--master_port=29500"  # torchrun's default
+    assert port(Launch(nproc=2, master_port=1234)) == "--master_port=1234"

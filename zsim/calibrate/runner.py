@@ -31,6 +31,8 @@ from zsim.calibrate.plan import PROGRESS, RANKS_ON_HOST_ENV, Measurement, Plan, 
 from zsim.calibrate.profile import Calibration, save_profile
 from zsim.errors import InputError, require
 
+TORCHRUN_PORT = 29500  # torchrun's default --master_port
+
 
 class CalibrationFailed(RuntimeError):
     """The workers failed (not bad input): the message carries the tail of their output."""
@@ -45,7 +47,7 @@ class Launch:
     nnodes: int = 1
     node_rank: int = 0
     master_addr: str = "127.0.0.1"
-    master_port: int = 0  # 0: a free port
+    master_port: int = 0  # 0: a free port on one node, torchrun's default 29500 across nodes
 
 
 # ---- checks -------------------------------------------------------------------------------
@@ -131,7 +133,8 @@ def _free_port() -> int:
 
 
 def worker_argv(launch: Launch, plan_path: Path, raw_path: Path) -> list[str]:
-    port = launch.master_port or _free_port()
+    # every node must name the same port: a free port is only known on one host
+    port = launch.master_port or (TORCHRUN_PORT if launch.nnodes > 1 else _free_port())
     return [
         sys.executable,
         "-m",
@@ -285,7 +288,7 @@ def run_emulated(
         nproc=emulation.ranks_per_node,
         threads=None,
         nnodes=emulation.nodes,
-        master_port=29500,  # inside node 0's fresh namespace: free
+        master_port=TORCHRUN_PORT,  # inside node 0's fresh namespace: free
     )
     world = emulation.nodes * emulation.ranks_per_node
     env = worker_env(plan.device, launch, world, NODE_DEV)  # every rank shares this host
