@@ -19,18 +19,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from zsim import presets
-from zsim.calibrate.fit import DEFAULT_CACHE_BYTES, fitted_ids
+from zsim.calibrate.fit import fitted_rows
 from zsim.calibrate.links import apply_profile
 from zsim.calibrate.plan import Kind, Measurement
 from zsim.calibrate.profile import Calibration, load_calibration
 from zsim.calibrate.replay import simulated_s
 
 TOLERANCE = 0.10
-
-
-def fitted_rows(cal: Calibration) -> list[Measurement]:
-    cache = float(cal.provenance.get("cache_bytes") or DEFAULT_CACHE_BYTES)
-    return [cal.measurements[i] for i in sorted(fitted_ids(cal.measurements, cache))]
 
 
 def model_of(cal: Calibration) -> Callable[[Measurement], float]:
@@ -55,11 +50,11 @@ def summary(label: str, errors: Sequence[float]) -> str:
 def main(argv: Sequence[str]) -> int:
     first, second = (load_calibration(Path(p)) for p in argv[:2])
     model = model_of(first)
-    seconds = {(r.kind, r.label): r for r in fitted_rows(second)}
+    seconds = {(r.kind, r.label): r for r in fitted_rows(second.measurements, second.provenance)}
     moved: dict[str, list[float]] = {}
     residual: dict[str, list[float]] = {}
     predicted: dict[str, list[float]] = {}
-    for row in fitted_rows(first):
+    for row in fitted_rows(first.measurements, first.provenance):
         other = seconds.get((row.kind, row.label))
         if other is None:
             continue

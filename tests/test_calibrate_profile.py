@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from zsim import presets
-from zsim.calibrate.fit import DEFAULT_CACHE_BYTES, fitted_ids
+from zsim.calibrate.fit import fitted_rows
 from zsim.calibrate.links import apply_profile
 from zsim.calibrate.plan import Kind
 from zsim.calibrate.profile import load_calibration
@@ -25,7 +25,6 @@ if not PROFILE.exists():
 
 CAL = load_calibration(PROFILE)
 PROF = CAL.profile
-CACHE = float(CAL.provenance.get("cache_bytes") or DEFAULT_CACHE_BYTES)
 TOPO = apply_profile(presets.topology(CAL.provenance["topology"]), PROF)
 
 
@@ -33,7 +32,7 @@ def predicted_s(row):
     return simulated_s(PROF, TOPO, row)
 
 
-FITTED = [CAL.measurements[i] for i in sorted(fitted_ids(CAL.measurements, CACHE))]
+FITTED = fitted_rows(CAL.measurements, CAL.provenance)
 KERNELS = [r for r in FITTED if r.kind is not Kind.COLLECTIVE]
 COLLECTIVES = [r for r in FITTED if r.kind is Kind.COLLECTIVE]
 

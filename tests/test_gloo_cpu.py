@@ -211,6 +211,20 @@ def test_send_recv_pays_its_own_call_latency():
     assert both(own, reduce) == both(common, reduce)
 
 
+def test_an_ops_own_call_cost_is_paid_once_per_call_by_that_op_alone():
+    base = star(2, LOCAL)
+    own = with_local_work(base, None, {Op.ALL_GATHER: 40e-6})
+    gather = CollectiveCall(Op.ALL_GATHER, 4096, (0, 1))
+    reduce = CollectiveCall(Op.ALL_REDUCE, 4096, (0, 1))
+    for size in (8, 64 * MIB):  # a fixed cost: the same at every size
+        call = CollectiveCall(Op.ALL_GATHER, size, (0, 1))
+        for got, ref in zip(both(own, call), both(base, call), strict=True):
+            assert got - ref == pytest.approx(40e-6, rel=1e-9)
+    assert both(own, reduce) == both(base, reduce)
+    flows = [[p.flows for p in plan(topo, gather).phases] for topo in (own, base)]
+    assert flows[0] == flows[1]  # the traffic is the same: only the call's CPU grows
+
+
 def test_nccl_ignores_the_ranks_local_work():
     topo = presets.topology("1x8-dgx-h100")
     costly = with_local_work(topo, dict.fromkeys(Op, 1.0), message_s=1.0)

@@ -148,6 +148,16 @@ def _regime(rows: Sequence[Measurement], cache_bytes: float) -> list[Measurement
     return inside or list(rows)
 
 
+def cache_bytes_of(info: Mapping[str, Any]) -> float:
+    """The last-level cache a calibration recorded in its provenance (a default if none)."""
+    return float(info.get("cache_bytes") or DEFAULT_CACHE_BYTES)
+
+
+def fitted_rows(rows: Sequence[Measurement], info: Mapping[str, Any]) -> list[Measurement]:
+    """The rows the fit uses (`fitted_ids`), in order, for a calibration's provenance."""
+    return [rows[i] for i in sorted(fitted_ids(rows, cache_bytes_of(info)))]
+
+
 def fitted_ids(rows: Sequence[Measurement], cache_bytes: float) -> frozenset[int]:
     """Indices of the rows the fit uses: `_regime` of each kernel sweep (GEMMs, memory-bound
     kernels, each optimizer), every other row."""
@@ -262,7 +272,7 @@ def fit_profile(name: str, rows: Sequence[Measurement], info: Mapping[str, Any])
     cache size, and the topology name the collectives were measured on)."""
     dtypes = sorted({r.dtype for r in _rows(rows, Kind.GEMM)})
     require(bool(dtypes), "calibration", "no GEMM rows", "GEMM measurements")
-    cache = float(info.get("cache_bytes") or DEFAULT_CACHE_BYTES)
+    cache = cache_bytes_of(info)
     rates = {d: compute_rates(rows, d, cache) for d in dtypes}
     peak = {
         d: max(r.flops / r.median_s for r in _rows(rows, Kind.GEMM) if r.dtype == d) for d in dtypes
