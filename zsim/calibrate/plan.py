@@ -294,7 +294,14 @@ def layer_kinds(model: ModelSpec) -> list[LayerKind]:
     return seen
 
 
-MAX_SWEEP_FLOPS = 2e10  # the 2048^3 square; larger model GEMMs are in their layers' times
+MAX_SWEEP_FLOPS = {"cpu": 2e10, "cuda": 1.2e12}
+"""The largest GEMM a sweep times (model GEMMs above it are in their layers' times): the 2048^3
+square on a CPU; on a GPU the 8192^3 square, ~1.4 ms on an H200, where its bf16 rate tops out
+(KINDS.md of the device library: 8192^3 bf16 at 769-798 TFLOP/s)."""
+MAX_MEMORY_BYTES = {"cpu": 256 * 2**20, "cuda": 2**30}
+"""The largest elementwise / copy buffer: the DRAM regime the memory-bound model is fitted on
+starts at 4x the last-level cache (`zsim.calibrate.fit.in_model_regime`): 32 MiB of L3 here,
+an H200's 60 MB of L2 (240 MB) needs sizes out to a gigabyte."""
 
 
 def default_plan(
@@ -314,13 +321,14 @@ def default_plan(
     process, and 1 on CUDA or `quick`."""
     if launches is None:
         launches = 1 if quick or device == "cuda" else 3
-    squares = (16, 64, 256, 512) if quick else powers(16, 2048, 2)
+    largest = MAX_SWEEP_FLOPS[device]
+    squares = (16, 64, 256, 512) if quick else powers(16, round((largest / 2) ** (1 / 3)), 2)
     gemms = {(s, s, s, 1) for s in squares}
     for model in models:  # the giant ones (a large vocabulary's logits) are timed as layers
         gemms |= {
             s
             for s in model_gemm_shapes(model, micro_batches, flash_attention)
-            if 2.0 * s[0] * s[1] * s[2] * s[3] <= MAX_SWEEP_FLOPS
+            if 2.0 * s[0] * s[1] * s[2] * s[3] <= largest
         }
     mib = 2**20
     return Plan(
@@ -333,7 +341,7 @@ def default_plan(
         # 64 B and 256 B: the fixed overhead alone; then from cache out to DRAM
         memory_sizes_bytes=(64, 256, 16 * mib)
         if quick
-        else (64, 256, *powers(64 * 1024, 256 * mib)),
+        else (64, 256, *powers(64 * 1024, MAX_MEMORY_BYTES[device])),
         host_copy_sizes_bytes=(16 * mib,) if quick else (64 * mib, 128 * mib, 256 * mib),
         adam_params=(2**20,) if quick else (2**22, 2**23, 2**24, 2**25),
         # 8 B: the gradient-norm all_reduce DeepSpeed issues every step
