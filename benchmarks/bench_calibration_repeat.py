@@ -1,14 +1,17 @@
 """How well a calibration repeats, and how well its fit predicts another calibration.
 
     python benchmarks/bench_calibration_repeat.py calibration/cpu-2rank.json \\
-        calibration/repeat/cpu-2rank-a.json      # prints the markdown recorded in
-                                                 # benchmarks/results/calibration_repeat.md
+        calibration/repeat/cpu-2rank-a.json calibration/repeat/cpu-2rank-b.json
+        # prints the markdown recorded in benchmarks/results/calibration_repeat.md
 
-Two calibrations of the same machine, same plan, measured one after the other. For every
-fitted row: how far its median moved between the two (the measurement's own repeatability),
-how far the first profile's model is from the first's median (the fit's residual) and from the
-second's (a prediction of measurements the fit never saw). On a shared host the first number
-is the floor under the other two: no model reproduces a row closer than the row repeats.
+Calibrations of the same machine, same plan, measured one after the other. For every fitted
+row of the first and each other one: how far its median moved (the measurement's own
+repeatability), how far the first profile's model is from the first's median (the fit's
+residual) and from the other's (a prediction of measurements the fit never saw). On a shared
+host the first number is the floor under the other two: no model reproduces a row closer than
+the row repeats. Then the collective rows whose medians, over all the calibrations, span more
+than 1.1 / 0.9: no single predicted time is within 10 % of each of them, so a model fitted
+within 10 % of one calibration's median of such a row is more than 10 % off another's.
 """
 
 from __future__ import annotations
@@ -48,7 +51,16 @@ def summary(label: str, errors: Sequence[float]) -> str:
 
 
 def main(argv: Sequence[str]) -> int:
-    first, second = (load_calibration(Path(p)) for p in argv[:2])
+    cals = [load_calibration(Path(p)) for p in argv]
+    print(f"First: `{argv[0]}` ({cals[0].provenance.get('date')}).\n")
+    for path, other in zip(argv[1:], cals[1:], strict=True):
+        compare(cals[0], path, other)
+    spread(argv, cals)
+    return 0
+
+
+def compare(first: Calibration, path: str, second: Calibration) -> None:
+    """The table of `second` (at `path`) against `first` and the first's fit."""
     model = model_of(first)
     seconds = {(r.kind, r.label): r for r in fitted_rows(second.measurements, second.provenance)}
     moved: dict[str, list[float]] = {}
@@ -62,15 +74,35 @@ def main(argv: Sequence[str]) -> int:
         moved.setdefault(group, []).append(rel(other.median_s, row.median_s))
         residual.setdefault(group, []).append(rel(model(row), row.median_s))
         predicted.setdefault(group, []).append(rel(model(row), other.median_s))
-    dates = [c.provenance.get("date") for c in (first, second)]
-    print(f"First: `{argv[0]}` ({dates[0]}); second: `{argv[1]}` ({dates[1]}).\n")
+    launches = second.provenance.get("launches", 1)
+    print(f"Second: `{path}` ({second.provenance.get('date')}, {launches} launches).\n")
     print("| rows | count | median abs | worst abs | rows over 10 % |")
     print("|---|---:|---:|---:|---:|")
     for group in sorted(moved):
         print(summary(f"{group}: second median vs first", moved[group]))
         print(summary(f"{group}: first's fit vs first (residual)", residual[group]))
         print(summary(f"{group}: first's fit vs second (unseen)", predicted[group]))
-    return 0
+    print()
+
+
+def spread(paths: Sequence[str], cals: Sequence[Calibration]) -> None:
+    """The collective rows no single time is within 10 % of in every calibration."""
+    by_label = [
+        {r.label: r.median_s for r in fitted_rows(c.measurements, c.provenance)} for c in cals
+    ]
+    rows = fitted_rows(cals[0].measurements, cals[0].provenance)
+    wide = []
+    for row in rows:
+        medians = [b[row.label] for b in by_label if row.label in b]
+        if row.kind is Kind.COLLECTIVE and max(medians) / min(medians) > 1.1 / 0.9:
+            wide.append((row.label, medians))
+    total = sum(r.kind is Kind.COLLECTIVE for r in rows)
+    print(f"Collective rows whose medians over the {len(cals)} calibrations span more than")
+    print(f"1.1 / 0.9 (no single time is within 10 % of each): {len(wide)} of {total}.\n")
+    print("| row | " + " | ".join(f"`{Path(p).stem}` ms" for p in paths) + " |")
+    print("|---|" + "---:|" * len(paths))
+    for label, medians in wide:
+        print(f"| {label} | " + " | ".join(f"{1e3 * m:.3f}" for m in medians) + " |")
 
 
 if __name__ == "__main__":

@@ -369,6 +369,7 @@ def test_launches_share_the_plans_rounds_samples_and_time():
     assert many.per_launch().rounds == 1
     assert many.rounds == 5
 
+
 def test_a_gpu_plan_reaches_the_regimes_its_models_are_fitted_in():
     # An H200: 60 MB of L2 (PyTorch's reading on the lent machines, device library KINDS.md)
     # and bf16 GEMMs at their top rate from 8192^3 on (ibid.: 769-798 TFLOP/s there).
@@ -379,7 +380,6 @@ def test_a_gpu_plan_reaches_the_regimes_its_models_are_fitted_in():
     assert (8192, 8192, 8192, 1) in plan.gemm_shapes
     cpu = default_plan("cpu", "fp32", (), (1,), quick=False)
     assert max(s[0] for s in cpu.gemm_shapes if s[0] == s[1] == s[2]) == 2048  # ~0.2 s here
-
 
 
 def test_merge_appends_the_samples_of_the_same_rows():
