@@ -111,6 +111,76 @@ def test_fit_recovers_compute_parameters_through_noise():
     assert fit.profile.host_adam_params_per_s == pytest.approx(ADAM_PARAMS_PER_S, rel=0.05)
 
 
+def one_gpu_rows():
+    """What the CUDA worker writes for one H200-like GPU (bf16, no collectives: one rank),
+    from closed forms written here: GEMMs, HBM-streaming adds beyond 4x a 60 MB L2, pinned
+    host<->device copies both ways, fused AdamW on the GPU and torch AdamW on the host."""
+    gemm_rate, gemm_overhead, hbm_rate, pcie_rate = 700e12, 8e-6, 4.0e12, 50e9
+    rows = [
+        Measurement(
+            Kind.GEMM,
+            "mm",
+            "bf16",
+            (gemm_overhead + 2.0 * s**3 / gemm_rate,) * 5,
+            flops=2.0 * s**3,
+            shape=(s, s, s, 1),
+        )
+        for s in (256, 1024, 4096, 8192)
+    ]
+    rows += [
+        Measurement(Kind.MEMORY, "add", "bf16", (3e-6 + moved / hbm_rate,) * 5, size_bytes=moved)
+        for moved in (192, 768, 3 * 256 * MIB, 3 * 1024 * MIB)
+    ]
+    rows += [
+        Measurement(Kind.HOST_COPY, op, "fp32", (size / pcie_rate,) * 5, size_bytes=size)
+        for op in ("h2d", "d2h")
+        for size in (64 * MIB, 256 * MIB)
+    ]
+    rows += [
+        Measurement(Kind.OPTIMIZER, op, "fp32", (p / rate,) * 5, params=p)
+        for op, rate in (("adamw", 20e9), ("host_adamw", 400e6))
+        for p in (2**24, 2**25)
+    ]
+    info = {
+        "memory_bytes": 141e9,
+        "reserved_bytes": 0.5e9,
+        "backend": "nccl",
+        "cache_bytes": 60e6,
+        "topology": "1x1-nvlink",
+    }
+    truth = {"gemm": (gemm_rate, gemm_overhead), "hbm": hbm_rate, "pcie": pcie_rate}
+    return tuple(rows), info, truth
+
+
+def test_a_one_gpu_calibration_fits_and_drives_the_simulator(tmp_path, capsys):
+    rows, info, truth = one_gpu_rows()
+    fit = fit_profile("h200-synthetic", rows, info)
+    prof = fit.profile
+    rates = prof.rates["bf16"]
+    assert (rates.gemm_flops_per_s, rates.gemm_overhead_s) == pytest.approx(truth["gemm"])
+    assert rates.memory_bytes_per_s == pytest.approx(truth["hbm"])
+    assert prof.host_link_bytes_per_s == pytest.approx(truth["pcie"])
+    assert prof.host_adam_params_per_s == pytest.approx(400e6)
+    assert prof.backend == "nccl"
+    assert not prof.links  # one rank: no link measured
+    cal = Calibration("h200-synthetic", prof, rows, fit.residuals, provenance=info)
+    save_profile(cal, tmp_path / "h200.json")
+    argv = ["run", "--profile", str(tmp_path / "h200.json"), "--model", "gpt-1.3b"]
+    argv += ["--topology", "1x8-nvlink", "--stage", "3", "--precision", "bf16"]
+    assert main([*argv, "--flash-attention", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    # Megatron-LM's FLOPs of a step (Narayanan et al., SC'21, "Efficient Large-Scale Language
+    # Model Training on GPU Clusters Using Megatron-LM"): 96 B s l h^2 (1 + s / 6h + V / 16lh)
+    # with recomputation, i.e. 72 B s l h^2 (1 + s / 6h + V / 12lh) without. At the fitted GEMM
+    # rate they bound a GPU's compute from below; the memory-bound kernels at the HBM rate add
+    # well under half again
+    m = preset("gpt-1.3b")
+    b, s, layers, h, v = out["parallel"]["micro_batch"], m.seq_len, m.layers, m.hidden, m.vocab
+    flops = 72 * b * s * layers * h * h * (1 + s / (6 * h) + v / (12 * h * layers))
+    floor_s = flops / truth["gemm"][0]
+    assert floor_s < out["compute_s"] < 1.5 * floor_s
+
+
 def test_memory_sizes_served_from_cache_are_reported_not_fitted():
     # a 4 MiB add runs from cache, 4x faster than DRAM: measured and reported, not fitted
     fast = Measurement(
