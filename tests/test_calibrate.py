@@ -6,9 +6,9 @@ import json
 import numpy as np
 import pytest
 
-from zsim.calibrate.fit import fit_profile
+from zsim.calibrate.fit import fit_profile, residuals
 from zsim.calibrate.keys import ADAM_STEP_BYTES_PER_PARAM, layer_time_key, model_signature
-from zsim.calibrate.plan import Kind, Measurement, Plan, default_plan, merge
+from zsim.calibrate.plan import Kind, Measurement, Plan, default_plan, merge, merge_launches
 from zsim.calibrate.profile import (
     Calibration,
     load_calibration,
@@ -461,6 +461,51 @@ def test_merge_appends_the_samples_of_the_same_rows():
     assert [m.samples_s for m in merged] == [(1.0, 2.0, 4.0), (3.0, 5.0, 6.0)]
     with pytest.raises(InputError, match="the same rows"):
         merge(first, [row("copy", 1.0), row("add", 1.0)])
+
+
+def _row(*samples: float, op: str = "add") -> Measurement:
+    return Measurement(Kind.MEMORY, op, "fp32", samples, size_bytes=1024)
+
+
+def test_merged_launches_keep_each_launchs_median():
+    launches = [
+        [_row(1.0, 3.0), _row(7.0)],
+        [_row(2.0), _row(8.0, 9.0)],
+        [_row(4.0, 5.0), _row(6.0)],
+    ]
+    add, other = merge_launches(launches)
+    assert add.samples_s == (1.0, 3.0, 2.0, 4.0, 5.0)
+    assert add.launch_samples == (2, 1, 2)
+    assert add.launch_medians_s == (2.0, 2.0, 4.5)
+    assert other.launch_medians_s == (7.0, 8.5, 6.0)
+    assert Measurement.from_dict(add.to_dict()) == add
+    (one,) = merge_launches([[_row(1.0, 2.0)]])
+    assert one.launch_samples == ()
+    assert one.launch_medians_s == (1.5,)
+    assert "launch_samples" not in one.to_dict()  # as every profile before the field
+    bad = dict(add.to_dict(), launch_samples=[2, 2])
+    with pytest.raises(InputError, match="launch_samples"):
+        Measurement.from_dict(bad)
+
+
+def test_launches_agree_when_one_time_is_within_10_percent_of_each():
+    def launches(*medians: float) -> Measurement:
+        return merge_launches([[_row(m)] for m in medians])[0]
+
+    assert launches(1.0, 1.2).launches_agree  # 1.1 is within 10 % of both
+    assert not launches(1.0, 1.25).launches_agree  # apart by more than 1.1 / 0.9
+    assert launches(1.0, 1.2, 1.1).launches_agree
+    assert _row(1.0, 9.0).launches_agree is None  # one launch: nothing to compare
+
+
+def test_residuals_count_the_rows_over_10_percent_and_the_unrepeatable_ones():
+    steady = merge_launches([[_row(1.0)], [_row(1.0)]])[0]
+    jumpy = merge_launches([[_row(1.0)], [_row(2.0)]])[0]  # median 1.5
+    rows = [steady, steady, jumpy]
+    (group,) = residuals(rows, {0: 1.05, 1: 1.2, 2: 1.0}, frozenset({0, 1, 2}))
+    assert (group.rows, group.over, group.over_launches_disagree) == (3, 2, 1)
+    (single,) = residuals([_row(1.0)], {0: 2.0}, frozenset({0}))
+    assert (single.over, single.over_launches_disagree) == (1, None)
 
 
 def _nnls_by_enumeration(a, y):

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from zsim.calibrate.keys import ADAM_STEP_BYTES_PER_PARAM
-from zsim.calibrate.plan import Kind, Measurement
+from zsim.calibrate.plan import LAUNCH_TOLERANCE, Kind, Measurement
 from zsim.errors import require
 from zsim.hardware import ComputeRates, DeviceProfile, LayerTime, fit_gemm
 from zsim.model import ComputeOp, OpKind
@@ -52,6 +52,8 @@ class Residual:
     median_rel_err: float
     worst_rel_err: float
     worst_label: str
+    over: int | None = None  # rows off by more than LAUNCH_TOLERANCE (None: not recorded)
+    over_launches_disagree: int | None = None  # of those, rows whose launches disagree as much
 
 
 @dataclass(frozen=True)
@@ -252,18 +254,33 @@ def predict_memory_traffic(
 def residuals(
     rows: Sequence[Measurement], predictions: Mapping[int, float], fitted: frozenset[int]
 ) -> tuple[Residual, ...]:
-    """Median and worst |predicted - measured| / measured per (kind, op, fitted or not)."""
-    groups: dict[tuple[str, str, bool], list[tuple[float, str]]] = {}
+    """Median and worst |predicted - measured| / measured per (kind, op, fitted or not), and
+    how many rows are off by more than the tolerance, of them how many rows no one time could
+    reproduce within it in every launch (`Measurement.launches_agree`)."""
+    groups: dict[tuple[str, str, bool], list[tuple[float, str, bool | None]]] = {}
     for i, p in predictions.items():
         r = rows[i]
         key = (str(r.kind), r.op, i in fitted)
-        groups.setdefault(key, []).append((abs(p - r.median_s) / r.median_s, r.label))
+        err = abs(p - r.median_s) / r.median_s
+        groups.setdefault(key, []).append((err, r.label, r.launches_agree))
     out = []
     for (kind, op, was_fitted), errs in groups.items():
-        values = [e for e, _ in errs]
         worst = max(errs)
-        median = float(np.median(values))
-        out.append(Residual(kind, op, was_fitted, len(errs), median, worst[0], worst[1]))
+        over = [agree for e, _, agree in errs if e > LAUNCH_TOLERANCE]
+        known = any(agree is not None for _, _, agree in errs)
+        out.append(
+            Residual(
+                kind,
+                op,
+                was_fitted,
+                len(errs),
+                float(np.median([e for e, _, _ in errs])),
+                worst[0],
+                worst[1],
+                len(over),
+                over.count(False) if known else None,
+            )
+        )
     return tuple(out)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -24,6 +25,7 @@ from zsim.model import ComputeOp, LayerKind, ModelKind, ModelSpec, OpKind
 
 PROGRESS = "@zsim-progress"  # the worker's progress lines: PROGRESS DONE TOTAL LABEL
 RANKS_ON_HOST_ENV = "ZSIM_RANKS_ON_HOST"  # all ranks on this machine, emulated nodes included
+LAUNCH_TOLERANCE = 0.10  # the fit's tolerance: a row's launches agree if one time is this close
 
 
 class Kind(StrEnum):
@@ -80,9 +82,16 @@ class Measurement:
     link_class: str = ""  # COLLECTIVE: the topology's link class the group's traffic crosses
     inner: int = 1  # calls per timed sample (small ops are timed in loops)
     dropped: int = 0  # samples discarded (all ranks): the rank lost its core during them
+    launch_samples: tuple[int, ...] = ()  # samples of each worker launch, in order; () if one
 
     def __post_init__(self) -> None:
         require(len(self.samples_s) > 0, "samples_s", self.samples_s, "at least one sample")
+        require(
+            not self.launch_samples or sum(self.launch_samples) == len(self.samples_s),
+            "launch_samples",
+            self.launch_samples,
+            f"counts adding up to the {len(self.samples_s)} samples",
+        )
 
     @property
     def median_s(self) -> float:
@@ -95,6 +104,23 @@ class Measurement:
     @property
     def q3_s(self) -> float:
         return float(np.percentile(self.samples_s, 75))
+
+    @property
+    def launch_medians_s(self) -> tuple[float, ...]:
+        """The median of each worker launch's samples (one value when one launch measured)."""
+        ends = np.cumsum(self.launch_samples or (len(self.samples_s),))
+        parts = np.split(np.asarray(self.samples_s), ends[:-1])
+        return tuple(float(np.median(part)) for part in parts)
+
+    @property
+    def launches_agree(self) -> bool | None:
+        """Whether one time is within `LAUNCH_TOLERANCE` of every launch's median (None: fewer
+        than two launches recorded). Where not, the process a row was measured in moved it
+        more than any one predicted time can follow."""
+        if len(self.launch_samples) < 2:
+            return None
+        medians = self.launch_medians_s
+        return max(medians) * (1 - LAUNCH_TOLERANCE) <= min(medians) * (1 + LAUNCH_TOLERANCE)
 
     @property
     def iqr_rel(self) -> float:
@@ -126,6 +152,8 @@ class Measurement:
             k: (list(v) if isinstance(v, tuple) else str(v) if isinstance(v, Kind) else v)
             for k, v in dataclasses.asdict(self).items()
         }
+        if not self.launch_samples:
+            del out["launch_samples"]  # one launch (and every profile written before the field)
         return out
 
     @staticmethod
@@ -147,7 +175,20 @@ class Measurement:
         values = dict(row, kind=kind, samples_s=tuple(float(s) for s in samples))
         if "shape" in row:
             values["shape"] = tuple(int(x) for x in row["shape"])
+        if "launch_samples" in row:
+            values["launch_samples"] = tuple(int(x) for x in row["launch_samples"])
         return Measurement(**values)
+
+
+def merge_launches(launches: Sequence[list[Measurement]]) -> list[Measurement]:
+    """The rows of several worker launches as one, each row knowing its launches' samples."""
+    rows: list[Measurement] = []
+    for launch in launches:
+        rows = merge(rows, launch)
+    if len(launches) < 2:
+        return rows
+    counts = zip(*([len(r.samples_s) for r in launch] for launch in launches), strict=True)
+    return [dataclasses.replace(r, launch_samples=c) for r, c in zip(rows, counts, strict=True)]
 
 
 def merge(before: list[Measurement], new: list[Measurement]) -> list[Measurement]:

@@ -8,6 +8,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from zsim.calibrate.fit import Residual
 from zsim.calibrate.plan import Kind
 from zsim.calibrate.profile import Calibration
 
@@ -63,6 +64,13 @@ def summary_rows(cal: Calibration) -> list[tuple[str, str]]:
     return rows
 
 
+def _over(r: Residual) -> str:
+    if r.over is None:
+        return "-"
+    apart = r.over_launches_disagree
+    return str(r.over) if apart is None else f"{r.over} ({apart})"
+
+
 def print_summary(cal: Calibration, paths: Sequence[Path]) -> None:
     table = Table(title=f"profile {cal.name}")
     table.add_column("fitted")
@@ -71,8 +79,9 @@ def print_summary(cal: Calibration, paths: Sequence[Path]) -> None:
         table.add_row(k, v)
     _console.print(table)
     res = Table(title="fit residuals |predicted - measured| / measured")
-    for col in ("kind", "op", "fitted", "rows", "median", "worst", "worst row"):
-        res.add_column(col, justify="right" if col in ("rows", "median", "worst") else "left")
+    numbers = ("rows", "median", "worst", "over 10%")
+    for col in ("kind", "op", "fitted", *numbers, "worst row"):
+        res.add_column(col, justify="right" if col in numbers else "left")
     for r in sorted(cal.residuals, key=lambda r: (not r.fitted, r.kind, r.op)):
         res.add_row(
             r.kind,
@@ -81,8 +90,13 @@ def print_summary(cal: Calibration, paths: Sequence[Path]) -> None:
             str(r.rows),
             f"{r.median_rel_err:.1%}",
             f"{r.worst_rel_err:.1%}",
+            _over(r),
             r.worst_label,
         )
     _console.print(res)
+    _console.print(
+        "over 10%: rows the model misses by more than 10% (in brackets: of them, rows whose worker"
+        " launches' medians no one time is within 10% of; '-': not recorded)"
+    )
     for path in paths:
         _console.print(f"wrote {path}")

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from zsim.calibrate.fit import Fit, fit_profile
-from zsim.calibrate.plan import PROGRESS, RANKS_ON_HOST_ENV, Measurement, Plan, merge
+from zsim.calibrate.plan import PROGRESS, RANKS_ON_HOST_ENV, Measurement, Plan, merge_launches
 from zsim.calibrate.profile import Calibration, save_profile
 from zsim.errors import InputError, require
 
@@ -377,9 +377,7 @@ def calibrate(
     info["load_after"] = load_average()
     info |= launches_provenance([raw["provenance"] for raw in raws])
     info |= memory_of(info)
-    rows: list[Measurement] = []
-    for raw in raws:
-        rows = merge(rows, [Measurement.from_dict(r) for r in raw["measurements"]])
+    rows = merge_launches([[Measurement.from_dict(r) for r in raw["measurements"]] for raw in raws])
     cal, fit = fit_measurements(name, tuple(rows), info, plan.to_dict())
     written = save_profile(cal, out)
     if plot:
