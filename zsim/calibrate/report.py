@@ -95,8 +95,9 @@ def print_summary(cal: Calibration, paths: Sequence[Path]) -> None:
         )
     _console.print(res)
     _console.print(
-        "over 10%: rows the model misses by more than 10% (in brackets: of them, rows whose worker"
-        " launches' medians no one time is within 10% of; '-': not recorded)"
+        "over 10%: rows the model misses by more than 10%; in brackets, where the calibration"
+        " recorded its worker launches: of them, the rows whose launches' medians no one time is"
+        " within 10% of ('-': a profile written before these counts)"
     )
     for path in paths:
         _console.print(f"wrote {path}")
