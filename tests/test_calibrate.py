@@ -423,6 +423,48 @@ def test_fit_recovers_link_parameters_through_noise(tmp_path):
     assert load_profile(tmp_path / "p.json") == fit.profile  # links and call latency kept
 
 
+def test_collectives_are_reported_in_nccl_tests_terms(tmp_path, capsys):
+    # nccl-tests doc/PERFORMANCE.md: algbw = S / t; busbw = algbw x 2(n-1)/n for all_reduce,
+    # x (n-1)/n for all_gather and reduce_scatter, x 1 for broadcast. 1 MiB in 1 ms on 4 ranks:
+    t, size = 1e-3, float(MIB)
+    expected = {
+        "all_reduce": 1.048576 * 1.5,
+        "all_gather_into_tensor": 1.048576 * 0.75,
+        "broadcast": 1.048576,
+    }
+    rows = list(synthetic_rows())
+    for op in expected:
+        rows.append(
+            Measurement(
+                Kind.COLLECTIVE, op, "fp32", (t, t, t), size_bytes=size, group="intra", ranks=4
+            )
+        )
+    cal = Calibration("bw", calibration().profile, tuple(rows), provenance=INFO)
+    save_profile(cal, tmp_path / "bw.json")
+    lines = (tmp_path / "bw.csv").read_text().splitlines()
+    head = lines[0].split(",")
+    for line in lines[1:]:
+        cells = dict(zip(head, line.split(","), strict=True))
+        if cells["kind"] != "collective":
+            assert cells["busbw_GBps"] == ""
+            continue
+        assert float(cells["algbw_GBps"]) == pytest.approx(1.048576, rel=1e-5)  # 6 digits
+        assert float(cells["busbw_GBps"]) == pytest.approx(expected[cells["op"]], rel=1e-5)
+    # the view: one table per op with the same numbers, the model's time beside them
+    rows2 = synthetic_rows() + collective_rows()
+    info = {**INFO, "topology": "1x2-cpu"}
+    fit = fit_profile("two", rows2, info)
+    two = Calibration("two", fit.profile, rows2, fit.residuals, provenance=info)
+    save_profile(two, tmp_path / "t.json")
+    capsys.readouterr()
+    assert main(["profile", str(tmp_path / "t.json"), "--collectives"]) == 0
+    out = capsys.readouterr().out
+    assert "busbw GB/s" in out
+    assert out.count("(intra, n=2, loopback") == 5  # one table per op
+    big = gloo_two_ranks_s("broadcast", 256 * MIB)
+    assert f"{256 * MIB / big / 1e9:.3f}" in out  # broadcast's busbw is its algbw
+
+
 def test_launches_share_the_plans_rounds_samples_and_time():
     plan = default_plan("cpu", "fp32", (), (1,), quick=False)
     assert plan.launches == 3  # CPU: placement differs from process to process

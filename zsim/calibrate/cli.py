@@ -73,6 +73,12 @@ def add_commands(sub: Any) -> None:
     show.add_argument("path", type=Path, help="a calibration JSON (calibration/NAME.json)")
     show.add_argument("--json", action="store_true", help="the DeviceProfile as JSON")
     show.add_argument(
+        "--collectives",
+        action="store_true",
+        help="also every collective row as nccl-tests prints it (size, count, time, algbw, "
+        "busbw), with the model's time and each launch's median",
+    )
+    show.add_argument(
         "--refit",
         action="store_true",
         help="fit the stored measurements again with this zsim's models and rewrite the file "
@@ -196,21 +202,21 @@ def cmd_profile(args: argparse.Namespace) -> int:
     import json
 
     from zsim.calibrate.profile import load_calibration, profile_to_dict
-    from zsim.calibrate.report import print_summary
+    from zsim.calibrate.report import print_collectives, print_summary
 
     cal = load_calibration(args.path)
+    written: list[Path] = []
     if args.refit:
         from zsim.calibrate.runner import refit
 
-        written = refit(cal, args.path)
-        cal = written.calibration
-        if not args.json:
-            print_summary(cal, written.paths)
-            return 0
+        refitted = refit(cal, args.path)
+        cal, written = refitted.calibration, refitted.paths
     if args.json:
         print(json.dumps(profile_to_dict(cal.profile), indent=1))
-    else:
-        print_summary(cal, [])
+        return 0
+    print_summary(cal, written)
+    if args.collectives:
+        print_collectives(cal)
     return 0
 
 

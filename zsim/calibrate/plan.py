@@ -60,6 +60,16 @@ def bus_factor(op: Collective, ranks: int) -> float:
     return 1.0
 
 
+def algbw(row: Measurement, seconds: float) -> float:
+    """nccl-tests' algorithm bandwidth of a collective row taking `seconds`: S / t, B/s."""
+    return row.size_bytes / seconds
+
+
+def busbw(row: Measurement, seconds: float) -> float:
+    """nccl-tests' bus bandwidth: algbw x `bus_factor`, comparable across ops and ranks."""
+    return algbw(row, seconds) * bus_factor(Collective(row.op), row.ranks)
+
+
 @dataclass(frozen=True)
 class Measurement:
     """One measured quantity: its repeat times (seconds per call, max over ranks) and what it is.

@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from zsim.calibrate.fit import Fit, predict_compute, predict_memory_traffic
-from zsim.calibrate.plan import Collective, Kind, Measurement, bus_factor
+from zsim.calibrate.plan import Kind, Measurement, busbw
 from zsim.calibrate.profile import Calibration
 
 
@@ -159,13 +159,22 @@ def save_fit_png(cal: Calibration, fit: Fit, path: Path) -> Path:
         ax = axes[1 + j // ncols][j % ncols]
         sel = [r for r in rows if r.kind is Kind.COLLECTIVE and r.op == op and r.group == group]
 
-        def busbw(r: Measurement, t: float) -> float:
-            return r.size_bytes / t * bus_factor(Collective(r.op), r.ranks) / 1e9
+        def busbw_gbps(r: Measurement, t: float) -> float:
+            return busbw(r, t) / 1e9
 
         def coll(r: Measurement) -> float | None:
             return fit.link_predict(r)
 
-        _panel(ax, sel, lambda r: r.size_bytes, busbw, coll, f"n={sel[0].ranks}", colors[0], fitted)
+        _panel(
+            ax,
+            sel,
+            lambda r: r.size_bytes,
+            busbw_gbps,
+            coll,
+            f"n={sel[0].ranks}",
+            colors[0],
+            fitted,
+        )
         _style(ax, f"{op} ({group}, {sel[0].link_class or '?'})", "size S (bytes)", "busbw GB/s")
         ax.set_yscale("log")
     for j in range(len(colls), (nrows - 1) * ncols):

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from zsim.calibrate.fit import Residual, fit_profile
-from zsim.calibrate.plan import Measurement
+from zsim.calibrate.plan import Kind, Measurement, algbw, busbw
 from zsim.collective_model import CollectiveOp
 from zsim.config_io import load_json
 from zsim.errors import InputError, require
@@ -299,7 +299,7 @@ def _atomic_write(path: Path, text: str) -> None:
 def measurements_csv(rows: Sequence[Measurement]) -> str:
     head = (
         "kind,op,dtype,size_bytes,flops,m,n,k,batch,params,layer_key,micro_batch,group,ranks,"
-        "link_class,samples,inner,median_s,q1_s,q3_s"
+        "link_class,samples,inner,median_s,q1_s,q3_s,algbw_GBps,busbw_GBps"
     )
     lines = [head]
     for r in rows:
@@ -328,10 +328,18 @@ def measurements_csv(rows: Sequence[Measurement]) -> str:
                     f"{r.median_s:.6e}",
                     f"{r.q1_s:.6e}",
                     f"{r.q3_s:.6e}",
+                    *_bandwidths_gbps(r),
                 )
             )
         )
     return "\n".join(lines) + "\n"
+
+
+def _bandwidths_gbps(row: Measurement) -> tuple[str, str]:
+    """nccl-tests' algbw and busbw of a collective row's median, GB/s (blank for others)."""
+    if row.kind is not Kind.COLLECTIVE:
+        return "", ""
+    return f"{algbw(row, row.median_s) / 1e9:.6g}", f"{busbw(row, row.median_s) / 1e9:.6g}"
 
 
 def load_calibration(path: Path | str) -> Calibration:

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from zsim.calibrate.fit import Residual
-from zsim.calibrate.plan import Kind
+from zsim.calibrate.plan import Kind, algbw, busbw
 from zsim.calibrate.profile import Calibration
 
 _console = Console(highlight=False, width=120)
@@ -101,3 +101,45 @@ def print_summary(cal: Calibration, paths: Sequence[Path]) -> None:
     )
     for path in paths:
         _console.print(f"wrote {path}")
+
+
+ITEM_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+def print_collectives(cal: Calibration) -> None:
+    """The collective rows in nccl-tests' terms (size, count, time, algbw, busbw), one table
+    per op and group, with the simulator's time under the fitted profile, its error, and how
+    far each launch's median lies from the row's median."""
+    from zsim import presets
+    from zsim.calibrate.links import apply_profile
+    from zsim.calibrate.replay import simulated_s
+
+    rows = [r for r in cal.measurements if r.kind is Kind.COLLECTIVE]
+    if not rows:
+        _console.print(f"{cal.name}: no collectives measured")
+        return
+    topo = apply_profile(presets.topology(str(cal.provenance["topology"])), cal.profile)
+    heads = ("size B", "count", "time us", "algbw GB/s", "busbw GB/s", "model us", "error")
+    for key in dict.fromkeys((r.op, r.group, r.ranks, r.link_class) for r in rows):
+        op, group, ranks, link = key
+        title = f"{cal.name}: {op} ({group}, n={ranks}, {link or '?'}; median, GB = 1e9 B)"
+        table = Table(title=title)
+        for col in (*heads, "launches"):
+            table.add_column(col, justify="right" if col in heads else "left")
+        for r in rows:
+            if (r.op, r.group, r.ranks, r.link_class) != key:
+                continue
+            t, model = r.median_s, simulated_s(cal.profile, topo, r)
+            launches = r.launch_medians_s if r.launch_samples else ()
+            table.add_row(
+                f"{r.size_bytes:.0f}",
+                f"{r.size_bytes / ITEM_BYTES.get(r.dtype, 4):.0f}",
+                f"{t * 1e6:.1f}",
+                f"{algbw(r, t) / 1e9:.3f}",
+                f"{busbw(r, t) / 1e9:.3f}",
+                f"{model * 1e6:.1f}",
+                f"{model / t - 1:+.1%}",
+                " ".join(f"{m / t - 1:+.0%}" for m in launches),
+            )
+        _console.print(table)
+    _console.print("launches: each worker launch's median against the row's median")
