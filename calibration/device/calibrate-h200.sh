@@ -25,9 +25,10 @@ export PYTHONUNBUFFERED=1
     > "$OUT/machine.txt" 2>&1
 if [ "$DEVICE" = cuda ]; then
     # 1 GPU: no collectives (a one-rank group moves nothing); compute, HBM, host link and Adam
-    # at the shapes of a 1.3B GPT and a 7B LLaMA layer (bf16, micro-batches 1, 2, 4)
+    # at the shapes of a 1.3B GPT and a 7B LLaMA layer (bf16, micro-batches 1, 2, 4), attention
+    # fused as training on an H200 runs it (`zsim run --flash-attention` uses these layers)
     args=(--device cuda --nproc 1 --model gpt-1.3b:layers=2 --model llama-7b:layers=1
-          --micro-batches 1,2,4 --name h200)
+          --micro-batches 1,2,4 --flash-attention --name h200)
 else
     args=(--device cpu --nproc 2 --quick --model toy-mlp:hidden=256 --name cpu-try)
 fi
