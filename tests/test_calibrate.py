@@ -2,6 +2,7 @@
 profile file (round trip, validation, sampling), and the command's refusals."""
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -222,6 +223,43 @@ def test_sample_profiles_follow_the_measured_spread(tmp_path):
     # the bootstrap spread of a median of 9 samples with 5% noise: a few percent
     assert 0.002 < rates.std() / rates.mean() < 0.05
     assert abs(rates.mean() / GEMM_RATE - 1) < 0.05
+
+
+def test_sampled_profiles_draw_whole_launches_first():
+    # host copies measured in 3 launches, 1% noise within each; one launch ran at half speed.
+    # Repeats within a launch are not independent: the band must cover a draw of the slow one.
+    rng = np.random.default_rng(5)
+
+    def launch(size: float, factor: float) -> list[Measurement]:
+        t = factor * size / COPY_RATE
+        return [
+            Measurement(
+                Kind.HOST_COPY,
+                "memcpy",
+                "fp32",
+                tuple(t * (1 + 0.01 * rng.standard_normal(20))),
+                size_bytes=size,
+            )
+        ]
+
+    copies = [
+        merge_launches([launch(size, f) for f in (1.0, 1.0, 2.0)])[0]
+        for size in (64 * MIB, 256 * MIB)
+    ]
+    rows = tuple(r for r in synthetic_rows() if r.kind is not Kind.HOST_COPY) + tuple(copies)
+    fit = fit_profile("launches", rows, INFO)
+    clustered = Calibration("launches", fit.profile, rows, provenance=INFO)
+    flat = Calibration(
+        "flat", fit.profile, tuple(replace(r, launch_samples=()) for r in rows), provenance=INFO
+    )
+    spread = {}
+    for cal in (clustered, flat):
+        rates = [d.host_link_bytes_per_s for d in sample_profiles(cal, 60, seed=3)]
+        spread[cal.name] = np.percentile(rates, 95) / np.percentile(rates, 5)
+    # iid repeats: 2 of 3 launches fast, so nearly every resample's median is a fast one
+    assert spread["flat"] < 1.05
+    # whole launches: 7 in 27 draws hold the slow launch twice or more, and their median is slow
+    assert spread["launches"] > 1.5
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,8 @@ A calibration file (`calibration/<name>.json`) holds, in one JSON object:
     measurements   every raw row with all its repeat times (zsim.calibrate.plan.Measurement)
 
 `load_profile` reads `device` only; `sample_profiles` refits from bootstrap resamples of the
-measurements, so it draws profiles as spread as the measurements were. A CSV beside the JSON
+measurements (whole worker launches first where they were recorded), so it draws profiles as
+spread as the measurements were. A CSV beside the JSON
 (one line per row: median, quartiles) is for people; the JSON is what zsim reads.
 """
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -359,15 +360,28 @@ def sample_profiles(
     profile: Path | str | Calibration, n: int, seed: int = 0
 ) -> list[DeviceProfile]:
     """`n` profiles consistent with the measured spread: each is refitted from a bootstrap
-    resample (with replacement) of every measurement's repeats. Deterministic for a seed."""
+    resample (with replacement) of every measurement (`resampled`). Deterministic for a seed."""
     cal = profile if isinstance(profile, Calibration) else load_calibration(profile)
     require(bool(cal.measurements), "profile.measurements", [], "raw measurements to resample")
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(n):
-        rows = tuple(
-            r.with_samples(tuple(float(x) for x in rng.choice(r.samples_s, len(r.samples_s))))
-            for r in cal.measurements
-        )
+        rows = tuple(resampled(r, rng) for r in cal.measurements)
         out.append(fit_profile(cal.name, rows, cal.provenance).profile)
     return out
+
+
+def resampled(row: Measurement, rng: np.random.Generator) -> Measurement:
+    """A bootstrap resample of a row's repeats. Where the calibration recorded its worker
+    launches, whole launches are drawn first (with replacement), then repeats within each: a
+    launch's repeats share its process's thread placement, so they are not independent draws
+    (the cluster bootstrap), and drawing them as if they were understates the spread."""
+    if not row.launch_samples:
+        return row.with_samples(
+            tuple(float(x) for x in rng.choice(row.samples_s, len(row.samples_s)))
+        )
+    ends = np.cumsum(row.launch_samples)[:-1]
+    launches = np.split(np.asarray(row.samples_s), ends)
+    drawn = [launches[i] for i in rng.integers(0, len(launches), len(launches))]
+    samples = tuple(float(x) for launch in drawn for x in rng.choice(launch, len(launch)))
+    return replace(row, samples_s=samples, launch_samples=tuple(len(d) for d in drawn))
