@@ -32,10 +32,12 @@ def _panel(
     worker launch's median as a cross where the calibration recorded them, and the model's
     curve over the same x range."""
     rows = sorted(rows, key=x)
-    ticks = [(x(r), y_of_time(r, m)) for r in rows if r.launch_samples for m in r.launch_medians_s]
-    if ticks:
-        tx, ty = zip(*ticks, strict=True)
-        ax.plot(tx, ty, "x", ms=4, color=color, alpha=0.6, label=f"{label} launch medians")
+    crosses = [
+        (x(r), y_of_time(r, m)) for r in rows if r.launch_samples for m in r.launch_medians_s
+    ]
+    if crosses:
+        cx, cy = zip(*crosses, strict=True)
+        ax.plot(cx, cy, "x", ms=4, color=color, alpha=0.6, label=f"{label} launch medians")
     xs = np.array([x(r) for r in rows])
     for inside in (True, False):
         sel = [r for r in rows if fitted(r) is inside]

@@ -12,8 +12,8 @@ A calibration file (`calibration/<name>.json`) holds, in one JSON object:
 
 `load_profile` reads `device` only; `sample_profiles` refits from bootstrap resamples of the
 measurements (whole worker launches first where they were recorded), so it draws profiles as
-spread as the measurements were. A CSV beside the JSON
-(one line per row: median, quartiles) is for people; the JSON is what zsim reads.
+spread as the measurements were. A CSV beside the JSON (one line per row: median, quartiles,
+a collective's algbw and busbw) is for people; the JSON is what zsim reads.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from rich.table import Table
 from zsim.calibrate.fit import Residual
 from zsim.calibrate.plan import Kind, algbw, busbw
 from zsim.calibrate.profile import Calibration
+from zsim.parallel import Precision
 
 _console = Console(highlight=False, width=120)
 
@@ -103,9 +104,6 @@ def print_summary(cal: Calibration, paths: Sequence[Path]) -> None:
         _console.print(f"wrote {path}")
 
 
-ITEM_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-
-
 def print_collectives(cal: Calibration) -> None:
     """The collective rows in nccl-tests' terms (size, count, time, algbw, busbw), one table
     per op and group, with the simulator's time under the fitted profile, its error, and how
@@ -133,7 +131,7 @@ def print_collectives(cal: Calibration) -> None:
             launches = r.launch_medians_s if r.launch_samples else ()
             table.add_row(
                 f"{r.size_bytes:.0f}",
-                f"{r.size_bytes / ITEM_BYTES.get(r.dtype, 4):.0f}",
+                f"{r.size_bytes / Precision(r.dtype).bytes:.0f}",
                 f"{t * 1e6:.1f}",
                 f"{algbw(r, t) / 1e9:.3f}",
                 f"{busbw(r, t) / 1e9:.3f}",
