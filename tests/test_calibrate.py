@@ -488,7 +488,7 @@ def test_collectives_are_reported_in_nccl_tests_terms(tmp_path, capsys):
             continue
         assert float(cells["algbw_GBps"]) == pytest.approx(1.048576, rel=1e-5)  # 6 digits
         assert float(cells["busbw_GBps"]) == pytest.approx(expected[cells["op"]], rel=1e-5)
-    # the view: one table per op with the same numbers, the model's time beside them
+    # the view: one table per op and group, in the same terms
     rows2 = synthetic_rows() + collective_rows()
     info = {**INFO, "topology": "1x2-cpu"}
     fit = fit_profile("two", rows2, info)
