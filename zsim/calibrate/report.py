@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from zsim.calibrate.fit import Residual
+from zsim.calibrate.links import HUGE_BPS
 from zsim.calibrate.plan import Kind, algbw, busbw
 from zsim.calibrate.profile import Calibration
 from zsim.parallel import Precision
@@ -50,7 +51,9 @@ def summary_rows(cal: Calibration) -> list[tuple[str, str]]:
     if p.message_s is not None:
         rows.append(("CPU per message (gloo)", f"{p.message_s * 1e6:.1f} us"))
     if p.first_touch_bytes_per_s is not None:
-        rows.append(("page faults (gloo)", f"{p.first_touch_bytes_per_s / 1e9:.2f} GB/s"))
+        touch = p.first_touch_bytes_per_s
+        shown = f"{touch / 1e9:.2f} GB/s" if touch < HUGE_BPS else "none: no row faulted"
+        rows.append(("page faults (gloo)", shown))
     for op, call_s in sorted(p.op_call_s.items()):
         rows.append((f"{op} own call (gloo)", f"{call_s * 1e6:.1f} us"))
     for op, s_per_byte in sorted(p.op_s_per_byte.items()):
