@@ -8,10 +8,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from zsim import presets
 from zsim.calibrate.fit import Residual
-from zsim.calibrate.links import HUGE_BPS
+from zsim.calibrate.links import HUGE_BPS, apply_profile
 from zsim.calibrate.plan import Kind, algbw, busbw
 from zsim.calibrate.profile import Calibration
+from zsim.calibrate.replay import simulated_s
 from zsim.parallel import Precision
 
 _console = Console(highlight=False, width=120)
@@ -111,10 +113,6 @@ def print_collectives(cal: Calibration) -> None:
     """The collective rows in nccl-tests' terms (size, count, time, algbw, busbw), one table
     per op and group, with the simulator's time under the fitted profile, its error, and how
     far each launch's median lies from the row's median."""
-    from zsim import presets
-    from zsim.calibrate.links import apply_profile
-    from zsim.calibrate.replay import simulated_s
-
     rows = [r for r in cal.measurements if r.kind is Kind.COLLECTIVE]
     if not rows:
         _console.print(f"{cal.name}: no collectives measured")
