@@ -271,6 +271,7 @@ def test_sampled_profiles_draw_whole_launches_first():
         (lambda d: d["device"].update(links={"loopback": {"latency_s": 1e-5}}), "bandwidth"),
         (lambda d: d.update(zsim_profile=99), "zsim_profile"),
         (lambda d: d["measurements"][0].update(kind="gpu"), "kind"),
+        (lambda d: d["measurements"][0].update(launch_samples=["a"]), "launch_samples"),
         (lambda d: d["measurements"][0].update(samples_s=[]), "samples_s"),
     ],
 )

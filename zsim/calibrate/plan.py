@@ -186,7 +186,12 @@ class Measurement:
         if "shape" in row:
             values["shape"] = tuple(int(x) for x in row["shape"])
         if "launch_samples" in row:
-            values["launch_samples"] = tuple(int(x) for x in row["launch_samples"])
+            counts = row["launch_samples"]
+            ok = isinstance(counts, list) and all(
+                isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in counts
+            )
+            require(ok, "measurement.launch_samples", counts, "positive sample counts")
+            values["launch_samples"] = tuple(counts)
         return Measurement(**values)
 
 
