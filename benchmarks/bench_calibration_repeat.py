@@ -18,23 +18,15 @@ from __future__ import annotations
 
 import statistics
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-from zsim import presets
 from zsim.calibrate.fit import fitted_rows
-from zsim.calibrate.links import apply_profile
-from zsim.calibrate.plan import Kind, Measurement
+from zsim.calibrate.plan import Kind
 from zsim.calibrate.profile import Calibration, load_calibration
-from zsim.calibrate.replay import simulated_s
+from zsim.calibrate.replay import model_of
 
 TOLERANCE = 0.10
-
-
-def model_of(cal: Calibration) -> Callable[[Measurement], float]:
-    """The simulator's time of a row under the calibration's profile."""
-    topo = apply_profile(presets.topology(str(cal.provenance["topology"])), cal.profile)
-    return lambda row: simulated_s(cal.profile, topo, row)
 
 
 def rel(a: float, b: float) -> float:

@@ -2,7 +2,7 @@
 with the fitted numbers, reproduce the microbenchmarks they were fitted on.
 
 Predictions come from the simulator's functions, not from the fit's module
-(`zsim.calibrate.replay.simulated_s`).
+(`zsim.calibrate.replay.model_of`).
 Measured = the median of the stored repeats.
 """
 
@@ -10,12 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from zsim import presets
 from zsim.calibrate.fit import fitted_rows
-from zsim.calibrate.links import apply_profile
 from zsim.calibrate.plan import Kind
 from zsim.calibrate.profile import load_calibration
-from zsim.calibrate.replay import simulated_s
+from zsim.calibrate.replay import model_of
 
 PROFILE = Path(__file__).parent.parent / "calibration" / "cpu-2rank.json"
 TOLERANCE = 0.10
@@ -25,11 +23,7 @@ if not PROFILE.exists():
 
 CAL = load_calibration(PROFILE)
 PROF = CAL.profile
-TOPO = apply_profile(presets.topology(CAL.provenance["topology"]), PROF)
-
-
-def predicted_s(row):
-    return simulated_s(PROF, TOPO, row)
+predicted_s = model_of(CAL)
 
 
 FITTED = fitted_rows(CAL.measurements, CAL.provenance)
@@ -150,13 +144,11 @@ def test_a_profile_predicts_calibrations_it_was_not_fitted_on(path, kind):
     before to 70 after it: rows it never saw (the median error, the typical row; single rows
     vary between calibrations by more than the fit's tolerance)."""
     earlier = load_calibration(EARLIER)
-    topo = apply_profile(presets.topology(earlier.provenance["topology"]), earlier.profile)
+    earlier_s = model_of(earlier)
     repeat = load_calibration(path)
     measured = {(r.kind, r.label): r.median_s for r in repeat.measurements}
     rows = fitted_rows(earlier.measurements, earlier.provenance)
     rows = [r for r in rows if (r.kind is Kind.COLLECTIVE) == (kind == "collective")]
-    errors = [
-        abs(simulated_s(earlier.profile, topo, r) / measured[(r.kind, r.label)] - 1) for r in rows
-    ]
+    errors = [abs(earlier_s(r) / measured[(r.kind, r.label)] - 1) for r in rows]
     assert len(errors) > 50
     assert sorted(errors)[len(errors) // 2] <= TOLERANCE

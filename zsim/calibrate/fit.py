@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from zsim.calibrate.keys import ADAM_STEP_BYTES_PER_PARAM
-from zsim.calibrate.plan import LAUNCH_TOLERANCE, Kind, Measurement
+from zsim.calibrate.plan import FIT_TOLERANCE, Kind, Measurement
 from zsim.errors import require
 from zsim.hardware import ComputeRates, DeviceProfile, LayerTime, fit_gemm
 from zsim.model import ComputeOp, OpKind
@@ -52,7 +52,7 @@ class Residual:
     median_rel_err: float
     worst_rel_err: float
     worst_label: str
-    over: int | None = None  # rows off by more than LAUNCH_TOLERANCE (None: not recorded)
+    over: int | None = None  # rows off by more than FIT_TOLERANCE (None: not recorded)
     over_launches_disagree: int | None = None  # of those, rows whose launches disagree as much
 
 
@@ -266,7 +266,7 @@ def residuals(
     out = []
     for (kind, op, was_fitted), errs in groups.items():
         worst = max(errs)
-        over = [agree for e, _, agree in errs if e > LAUNCH_TOLERANCE]
+        over = [agree for e, _, agree in errs if e > FIT_TOLERANCE]
         known = any(agree is not None for _, _, agree in errs)
         out.append(
             Residual(

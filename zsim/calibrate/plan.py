@@ -25,7 +25,7 @@ from zsim.model import ComputeOp, LayerKind, ModelKind, ModelSpec, OpKind
 
 PROGRESS = "@zsim-progress"  # the worker's progress lines: PROGRESS DONE TOTAL LABEL
 RANKS_ON_HOST_ENV = "ZSIM_RANKS_ON_HOST"  # all ranks on this machine, emulated nodes included
-LAUNCH_TOLERANCE = 0.10  # the fit's tolerance: a row's launches agree if one time is this close
+FIT_TOLERANCE = 0.10  # the 10% a fit is held to; a row's launches agree if one time is this close
 
 
 class Kind(StrEnum):
@@ -124,13 +124,13 @@ class Measurement:
 
     @property
     def launches_agree(self) -> bool | None:
-        """Whether one time is within `LAUNCH_TOLERANCE` of every launch's median (None: fewer
+        """Whether one time is within `FIT_TOLERANCE` of every launch's median (None: fewer
         than two launches recorded). Where not, the process a row was measured in moved it
         more than any one predicted time can follow."""
         if len(self.launch_samples) < 2:
             return None
         medians = self.launch_medians_s
-        return max(medians) * (1 - LAUNCH_TOLERANCE) <= min(medians) * (1 + LAUNCH_TOLERANCE)
+        return max(medians) * (1 - FIT_TOLERANCE) <= min(medians) * (1 + FIT_TOLERANCE)
 
     @property
     def iqr_rel(self) -> float:

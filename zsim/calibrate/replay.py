@@ -6,9 +6,13 @@ the calls the microbenchmark ran, on the measured cluster's topology with the pr
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from zsim import presets
 from zsim.calibrate.keys import ADAM_STEP_BYTES_PER_PARAM
-from zsim.calibrate.links import calls_of
+from zsim.calibrate.links import apply_profile, calls_of
 from zsim.calibrate.plan import Kind, Measurement
+from zsim.calibrate.profile import Calibration
 from zsim.collectives import simulate_s
 from zsim.hardware import DeviceProfile
 from zsim.model import ComputeOp, OpKind
@@ -35,3 +39,9 @@ def simulated_s(profile: DeviceProfile, topo: Topology, row: Measurement) -> flo
     if row.kind is Kind.OPTIMIZER:
         return row.params * ADAM_STEP_BYTES_PER_PARAM / profile.optimizer_bytes_per_s
     return max(simulate_s(topo, calls_of(topo, row)))
+
+
+def model_of(cal: Calibration) -> Callable[[Measurement], float]:
+    """`simulated_s` of a row under the calibration's profile, on the topology it measured."""
+    topo = apply_profile(presets.topology(str(cal.provenance["topology"])), cal.profile)
+    return lambda row: simulated_s(cal.profile, topo, row)

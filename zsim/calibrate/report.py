@@ -8,12 +8,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from zsim import presets
 from zsim.calibrate.fit import Residual
-from zsim.calibrate.links import HUGE_BPS, apply_profile
+from zsim.calibrate.links import HUGE_BPS
 from zsim.calibrate.plan import Kind, algbw, busbw
 from zsim.calibrate.profile import Calibration
-from zsim.calibrate.replay import simulated_s
+from zsim.calibrate.replay import model_of
 from zsim.parallel import Precision
 
 _console = Console(highlight=False, width=120)
@@ -117,7 +116,7 @@ def print_collectives(cal: Calibration) -> None:
     if not rows:
         _console.print(f"{cal.name}: no collectives measured")
         return
-    topo = apply_profile(presets.topology(str(cal.provenance["topology"])), cal.profile)
+    model_s = model_of(cal)
     heads = ("size B", "count", "time us", "algbw GB/s", "busbw GB/s", "model us", "error")
     for key in dict.fromkeys((r.op, r.group, r.ranks, r.link_class) for r in rows):
         op, group, ranks, link = key
@@ -128,7 +127,7 @@ def print_collectives(cal: Calibration) -> None:
         for r in rows:
             if (r.op, r.group, r.ranks, r.link_class) != key:
                 continue
-            t, model = r.median_s, simulated_s(cal.profile, topo, r)
+            t, model = r.median_s, model_s(r)
             launches = r.launch_medians_s if r.launch_samples else ()
             table.add_row(
                 f"{r.size_bytes:.0f}",
