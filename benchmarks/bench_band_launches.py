@@ -20,11 +20,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from zsim.calibrate.cli import parse_model
 from zsim.calibrate.profile import load_calibration, save_profile
-from zsim.parallel import Precision, from_ds_config
+from zsim.cli.calibrate import parse_model
 from zsim.validate.compare import Prediction, predict
 from zsim.validate.runner import Case
+from zsim.workload.ds_config import from_ds_config
+from zsim.workload.parallel import Precision
 
 
 def cases(run: Path) -> list[tuple[Case, float]]:

@@ -27,20 +27,13 @@ from pathlib import Path
 import numpy as np
 import simpy
 
-from zsim import presets
-from zsim.collectives import (
-    Algorithm,
-    CollectiveCall,
-    CollectiveOp,
-    Plan,
-    bandwidths,
-    plan,
-    run_plan,
-    simulate_s,
-)
-from zsim.config_io import data_dir, load_csv
-from zsim.network import FlowNetwork
-from zsim.topology import Topology
+from zsim.cluster.topology import Topology
+from zsim.inputs import presets
+from zsim.inputs.files import data_dir, load_csv
+from zsim.network.collective import Algorithm, CollectiveCall, CollectiveOp, Plan, bandwidths
+from zsim.network.communicator import run_plan, simulate_s
+from zsim.network.flows import FlowNetwork
+from zsim.network.plans import plan
 
 REPEATS = 5
 

@@ -32,12 +32,15 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from zsim import presets
-from zsim.config_io import load_mapping
+from zsim.cluster.fabric import fabric_from_mapping
+from zsim.cluster.topology import Topology, build_topology
 from zsim.errors import InputError
-from zsim.fabric import fabric_from_mapping
-from zsim.model import ModelSpec, preset, with_overrides
-from zsim.parallel import (
+from zsim.inputs import presets
+from zsim.inputs.files import load_mapping
+from zsim.simulation import simulate
+from zsim.workload.model import ModelSpec
+from zsim.workload.model_presets import preset, with_overrides
+from zsim.workload.parallel import (
     ParallelConfig,
     PipelineSchedule,
     Precision,
@@ -45,8 +48,6 @@ from zsim.parallel import (
     ZeroKnobs,
     ZeroStage,
 )
-from zsim.simulation import simulate
-from zsim.topology import Topology, build_topology
 
 HERE = Path(__file__).resolve().parent
 REFERENCE = HERE / "reference"

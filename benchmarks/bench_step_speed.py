@@ -32,11 +32,11 @@ from typing import Any
 
 import numpy as np
 
-from zsim import presets
-from zsim.model import preset
-from zsim.parallel import ParallelConfig
+from zsim.cluster.topology import Topology
+from zsim.inputs import presets
 from zsim.simulation import simulate
-from zsim.topology import Topology
+from zsim.workload.model_presets import preset
+from zsim.workload.parallel import ParallelConfig
 
 MD_OUT = Path(__file__).resolve().parent / "results" / "step_speed.md"
 BEGIN, END = "<!-- tables:begin -->", "<!-- tables:end -->"

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from zsim import presets
-from zsim.fabric import fabric_from_mapping
-from zsim.topology import Topology, build_topology
+from zsim.cluster.fabric import fabric_from_mapping
+from zsim.cluster.topology import Topology, build_topology
+from zsim.inputs import presets
 
 
 def cluster(data: dict[str, Any], nodes: int, gpus: int, name: str = "test") -> Topology:

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from zsim.calibrate.fit import fit_profile, residuals
-from zsim.calibrate.keys import ADAM_STEP_BYTES_PER_PARAM, layer_time_key, model_signature
 from zsim.calibrate.plan import Kind, Measurement, Plan, default_plan, merge, merge_launches
 from zsim.calibrate.profile import (
     Calibration,
@@ -18,8 +17,10 @@ from zsim.calibrate.profile import (
     save_profile,
 )
 from zsim.cli import main
+from zsim.cluster.device import ADAM_STEP_BYTES_PER_PARAM, layer_time_key, model_signature
 from zsim.errors import InputError
-from zsim.model import LayerKind, preset, with_overrides
+from zsim.workload.model import LayerKind
+from zsim.workload.model_presets import preset, with_overrides
 
 MIB = 2**20
 INFO = {"memory_bytes": 8e9, "reserved_bytes": 1e8, "backend": "gloo", "cache_bytes": 32 * MIB}

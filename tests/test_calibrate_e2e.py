@@ -6,11 +6,12 @@ import pytest
 
 pytest.importorskip("torch", reason="calibration needs torch (the calibrate extra)")
 
-from zsim.calibrate.keys import layer_time_key
 from zsim.calibrate.plan import Kind
 from zsim.calibrate.profile import load_calibration, load_profile
 from zsim.cli import main
-from zsim.model import LayerKind, preset, with_overrides
+from zsim.cluster.device import layer_time_key
+from zsim.workload.model import LayerKind
+from zsim.workload.model_presets import preset, with_overrides
 
 TINY = "gpt-125m:layers=1,hidden=64,heads=2,seq-len=32,vocab=256"
 

@@ -12,7 +12,8 @@ import torch
 
 from zsim.calibrate.plan import RANKS_ON_HOST_ENV, Plan
 from zsim.calibrate.worker import Bench
-from zsim.model import LayerKind, preset, with_overrides
+from zsim.workload.model import LayerKind
+from zsim.workload.model_presets import preset, with_overrides
 
 
 def _bench(monkeypatch: pytest.MonkeyPatch, ranks_on_host: int) -> Bench:

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from zsim.cli import main
-from zsim.cli_network import parse_sizes
+from zsim.cli.network import parse_sizes
 
 
 def run_json(capsys, *argv):

@@ -3,31 +3,26 @@
 Expected times are written out here from the alpha-beta forms (Thakur, Rabenseifner & Gropp
 2005, "Optimization of collective communication operations in MPICH"; Patarasuk & Yuan 2009
 for the ring all-reduce), NCCL's pipeline unit (512 KiB for broadcast/reduce, see
-zsim.algorithms), nccl-tests' bus-bandwidth factors (doc/PERFORMANCE.md) and the spec-sheet
+zsim.network), nccl-tests' bus-bandwidth factors (doc/PERFORMANCE.md) and the spec-sheet
 bandwidths of the presets, never from the code under test.
 """
 
 import pytest
 
 from tests.helpers_network import two_leaves, uniform_star
-from zsim import presets
-from zsim.algorithms import (
-    btree_parent,
-    dtree_parents,
-    gloo_allreduce_segments,
-    nccl_rings,
-)
-from zsim.collectives import (
+from zsim.errors import InputError
+from zsim.inputs import presets
+from zsim.network.collective import (
     Algorithm,
     CollectiveCall,
     CollectiveOp,
     bandwidths,
     bus_bandwidth_factor,
-    estimate_s,
-    plan,
-    simulate_s,
 )
-from zsim.errors import InputError
+from zsim.network.communicator import simulate_s
+from zsim.network.gloo import gloo_allreduce_segments
+from zsim.network.nccl import btree_parent, dtree_parents, nccl_rings
+from zsim.network.plans import estimate_s, plan
 
 Op = CollectiveOp
 ALPHA = 2e-6  # one step: two links of 1 us

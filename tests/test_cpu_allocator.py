@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from zsim import presets
-from zsim.validate.procs import CPU_ALLOCATOR_ENV
+from zsim.inputs import presets
+from zsim.testbed.procs import CPU_ALLOCATOR_ENV
 
 pytest.importorskip("torch")
 WORKER = Path(__file__).parent / "workers" / "gather_faults.py"

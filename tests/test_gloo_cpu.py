@@ -10,11 +10,13 @@ import math
 import pytest
 
 from tests.helpers_network import cluster, uniform_star
-from zsim import presets
-from zsim.algorithms import gloo_allreduce_messages, plan
-from zsim.collectives import CollectiveCall, CollectiveOp, estimate_s, simulate_s
+from zsim.cluster.calibrated import with_call_latency, with_local_work
 from zsim.errors import InputError
-from zsim.topology import with_call_latency, with_local_work
+from zsim.inputs import presets
+from zsim.network.collective import CollectiveCall, CollectiveOp
+from zsim.network.communicator import simulate_s
+from zsim.network.gloo import gloo_allreduce_messages
+from zsim.network.plans import estimate_s, plan
 
 Op = CollectiveOp
 MIB = 2**20

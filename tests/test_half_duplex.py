@@ -7,10 +7,12 @@ at B. Expected times are derived here, never from the code under test.
 import pytest
 
 from tests.helpers_network import cluster, uniform_star
-from zsim import presets
-from zsim.collectives import CollectiveCall, CollectiveOp, estimate_s, simulate_s
+from zsim.cluster.fabric import LinkClass
 from zsim.errors import InputError
-from zsim.fabric import LinkClass
+from zsim.inputs import presets
+from zsim.network.collective import CollectiveCall, CollectiveOp
+from zsim.network.communicator import simulate_s
+from zsim.network.plans import estimate_s
 
 Op = CollectiveOp
 B = 4e9  # one rank's stack, both directions together

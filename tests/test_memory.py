@@ -3,8 +3,8 @@
 import pytest
 
 from zsim.memory import in_flight_micro_batches, ledger
-from zsim.model import from_params, preset
-from zsim.parallel import ParallelConfig, PipelineSchedule, Precision, Recompute, ZeroStage
+from zsim.workload.model_presets import from_params, preset
+from zsim.workload.parallel import ParallelConfig, PipelineSchedule, Precision, Recompute, ZeroStage
 
 GB = 1e9
 

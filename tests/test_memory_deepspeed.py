@@ -14,8 +14,8 @@ from deepspeed.runtime.zero.stage_1_and_2 import (
 )
 
 from zsim.memory import ledger
-from zsim.model import from_params
-from zsim.parallel import Offload, ParallelConfig, ZeroStage
+from zsim.workload.model_presets import from_params
+from zsim.workload.parallel import Offload, ParallelConfig, ZeroStage
 
 CASES = [(7.5e9, 8, 8), (30e9, 8, 2), (1.3e9, 4, 1)]  # (params, gpus per node, nodes)
 
@@ -76,8 +76,8 @@ MEASURED_GATHERED_Z3 = 8 * 1024 * 1024 * 4  # end of forward: every weight gathe
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_ledger_matches_engine_held_bytes(stage):
-    from zsim.model import preset, with_overrides
-    from zsim.parallel import Precision
+    from zsim.workload.model_presets import preset, with_overrides
+    from zsim.workload.parallel import Precision
 
     model = with_overrides(preset("toy-mlp"), hidden=1024)
     assert model.total_params() == TOY
@@ -97,7 +97,7 @@ def test_ledger_matches_engine_held_bytes(stage):
 def test_pipeline_split_matches_deepspeed_partition_uniform(items, parts):
     from deepspeed.runtime.utils import partition_uniform
 
-    from zsim.layout import uniform_bounds
+    from zsim.workload.layout import uniform_bounds
 
     bounds = partition_uniform(items, parts)
     assert [uniform_bounds(items, parts, p) for p in range(parts)] == [
@@ -109,7 +109,7 @@ def test_pipeline_split_matches_deepspeed_partition_uniform(items, parts):
 def test_pipeline_commands_match_deepspeed_train_schedule(stages, micro_batches):
     from deepspeed.runtime.pipe import schedule as ds
 
-    from zsim.schedule import PipeCommand, deepspeed_train_commands
+    from zsim.step.pipeline import PipeCommand, deepspeed_train_commands
 
     names = {
         ds.SendActivation: PipeCommand.SEND_ACTIVATION,
@@ -136,8 +136,8 @@ MEASURED_SAVED_FOR_BACKWARD = 163_840
 
 @pytest.mark.parametrize("stage", sorted(MEASURED_GRADIENT_PEAK))
 def test_ledger_gradients_and_step_buffers_match_engine_peak(stage):
-    from zsim.model import preset, with_overrides
-    from zsim.parallel import Precision
+    from zsim.workload.model_presets import preset, with_overrides
+    from zsim.workload.parallel import Precision
 
     model = with_overrides(preset("toy-mlp"), hidden=1024)
     cfg = ParallelConfig(dp=2, zero_stage=stage, precision=Precision.FP32, micro_batch=4)

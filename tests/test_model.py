@@ -2,7 +2,9 @@
 
 import pytest
 
-from zsim.model import ModelKind, ModelSpec, preset, with_overrides
+from zsim.workload.model import ModelKind, ModelSpec
+from zsim.workload.model_presets import preset, with_overrides
+from zsim.workload.shapes import Shard, activation_bytes, forward_flops
 
 
 @pytest.mark.parametrize(
@@ -37,7 +39,7 @@ def test_training_flops_match_megatron_formula(name, batch):
     m = preset(name)
     b, s, L, h, V = batch, m.seq_len, m.layers, m.hidden, m.vocab
     expected = 72 * b * s * L * h**2 * (1 + s / (6 * h) + V / (12 * h * L))
-    assert 3 * m.forward_flops(batch) == pytest.approx(expected, rel=1e-12)
+    assert 3 * forward_flops(m, batch) == pytest.approx(expected, rel=1e-12)
 
 
 def _block(m):
@@ -50,7 +52,7 @@ def test_activations_match_korthikanti(tp):
     m = preset("gpt-1.3b")
     s, b, h, a = m.seq_len, 4, m.hidden, m.heads
     expected = s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp))
-    assert m.activation_bytes(_block(m), b, tp=tp) == pytest.approx(expected, rel=1e-12)
+    assert activation_bytes(m, _block(m), Shard(b, tp=tp)) == pytest.approx(expected, rel=1e-12)
 
 
 @pytest.mark.parametrize("tp", [2, 8])
@@ -59,7 +61,7 @@ def test_sequence_parallel_activations_match_korthikanti(tp):
     m = preset("gpt-6.7b")
     s, b, h, a = m.seq_len, 2, m.hidden, m.heads
     expected = s * b * h / tp * (34 + 5 * a * s / h)
-    got = m.activation_bytes(_block(m), b, tp=tp, seq_parallel=True)
+    got = activation_bytes(m, _block(m), Shard(b, tp=tp, sequence_parallel=True))
     assert got == pytest.approx(expected, rel=1e-12)
 
 

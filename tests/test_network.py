@@ -9,8 +9,8 @@ import pytest
 import simpy
 
 from tests.helpers_network import uniform_star
-from zsim import presets
-from zsim.network import Flow, FlowNetwork, max_min_rates
+from zsim.inputs import presets
+from zsim.network.flows import Flow, FlowNetwork, max_min_rates
 
 B = 10e9  # bytes/s of every link of the star used below
 

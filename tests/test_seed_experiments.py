@@ -4,9 +4,11 @@ from dataclasses import replace
 
 import pytest
 
-from zsim import presets, simulate
-from zsim.model import preset
-from zsim.parallel import ParallelConfig, ZeroKnobs, ZeroStage, from_ds_config
+from zsim.inputs import presets
+from zsim.simulation import simulate
+from zsim.workload.ds_config import from_ds_config
+from zsim.workload.model_presets import preset
+from zsim.workload.parallel import ParallelConfig, ZeroKnobs, ZeroStage
 
 # seeds 000, section 3.2: the ds_config of the experiment; only zero_optimization.stage changes
 SEED_DS_CONFIG = {

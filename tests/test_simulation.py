@@ -4,10 +4,11 @@ from pathlib import Path
 
 import pytest
 
-from zsim import presets
-from zsim.hardware import ComputeRates, DeviceProfile
-from zsim.model import preset, with_overrides
-from zsim.parallel import (
+from zsim.cluster.device import ComputeRates, DeviceProfile
+from zsim.inputs import presets
+from zsim.simulation import simulate
+from zsim.workload.model_presets import preset, with_overrides
+from zsim.workload.parallel import (
     ParallelConfig,
     PipelineEngine,
     PipelineSchedule,
@@ -15,7 +16,7 @@ from zsim.parallel import (
     ZeroKnobs,
     ZeroStage,
 )
-from zsim.simulation import simulate
+from zsim.workload.shapes import forward_flops
 
 IDEAL = presets.topology(str(Path(__file__).parent / "data" / "ideal-8.yaml"))
 
@@ -33,7 +34,7 @@ MLP = with_overrides(preset("toy-mlp"), layers=16, hidden=1024)
 
 def ideal_step(cfg: ParallelConfig) -> float:
     """m micro-batches, each forward + backward (3x forward FLOPs) of 1/p of the model."""
-    return cfg.grad_accum * 3 * MLP.forward_flops(cfg.micro_batch) / cfg.pp / 1e12
+    return cfg.grad_accum * 3 * forward_flops(MLP, cfg.micro_batch) / cfg.pp / 1e12
 
 
 @pytest.mark.parametrize(("p", "m"), [(2, 4), (4, 8), (4, 4), (8, 16)])

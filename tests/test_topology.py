@@ -8,17 +8,11 @@ bidirectional NVLink per GPU and 200 Gb/s HDR NICs; DGX H100: 900 GB/s and 400 G
 import pytest
 
 from tests.helpers_network import cluster
-from zsim import presets
+from zsim.cluster.calibrated import with_call_latency, with_link_class
+from zsim.cluster.fabric import LinkClass
+from zsim.cluster.grid import GroupKind, RankGrid, RankOrder, process_groups
 from zsim.errors import InputError
-from zsim.fabric import LinkClass
-from zsim.topology import (
-    GroupKind,
-    RankGrid,
-    RankOrder,
-    process_groups,
-    with_call_latency,
-    with_link_class,
-)
+from zsim.inputs import presets
 
 GB = 1e9
 

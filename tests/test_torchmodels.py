@@ -4,8 +4,9 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is in the calibrate extra")
 
-from zsim import torchmodels  # noqa: E402
-from zsim.model import ModelKind, ModelSpec, preset, with_overrides  # noqa: E402
+from zsim.testbed import torchmodels  # noqa: E402
+from zsim.workload.model import ModelKind, ModelSpec  # noqa: E402
+from zsim.workload.model_presets import preset, with_overrides  # noqa: E402
 
 SMALL = [
     with_overrides(preset("gpt-125m"), layers=2, hidden=128, heads=4, seq_len=64, vocab=1000),

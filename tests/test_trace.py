@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from zsim.trace import uncovered, union_length
+from zsim.step.trace import uncovered, union_length
 
 
 def brute(intervals, cover, step=0.001):

@@ -15,11 +15,11 @@ import torch
 from torch import nn
 
 from zsim.memory import ledger
-from zsim.model import preset, with_overrides
-from zsim.parallel import ParallelConfig, Precision, ZeroStage
 from zsim.validate import compare, held
 from zsim.validate.compare import Compared, Prediction
 from zsim.validate.runner import Case, Measurement, Status
+from zsim.workload.model_presets import preset, with_overrides
+from zsim.workload.parallel import ParallelConfig, Precision, ZeroStage
 
 TINY = with_overrides(preset("toy-mlp"), layers=2, hidden=64)
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from zsim.errors import InputError
-from zsim.validate import emulate, procs
-from zsim.validate.emulate import EmulatedCluster
+from zsim.testbed import emulate, procs
+from zsim.testbed.emulate import EmulatedCluster
 
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0 or not emulate.shutil.which("tc"), reason="needs root and iproute2"
@@ -112,7 +112,7 @@ def test_removes_everything_when_the_block_raises() -> None:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_removes_everything_on_a_signal(sig: signal.Signals) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "zsim.validate.emulate", "2", "12.5e6", "120"],
+        [sys.executable, "-m", "zsim.testbed.emulate", "2", "12.5e6", "120"],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -132,7 +132,7 @@ def test_removes_everything_on_a_signal(sig: signal.Signals) -> None:
 @needs_root
 def test_a_killed_owner_is_cleaned_up_by_the_next_cluster() -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "zsim.validate.emulate", "2", "12.5e6", "120"],
+        [sys.executable, "-m", "zsim.testbed.emulate", "2", "12.5e6", "120"],
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from zsim.cli import main
-from zsim.model import preset, with_overrides
-from zsim.parallel import ParallelConfig, Precision, ZeroStage
 from zsim.validate import runner
 from zsim.validate.runner import Case, Status
+from zsim.workload.model_presets import preset, with_overrides
+from zsim.workload.parallel import ParallelConfig, Precision, ZeroStage
 
 WORKERS = Path(__file__).parent / "validate_workers"
 TINY = with_overrides(preset("toy-mlp"), layers=2, hidden=64)  # 2 x Linear(64, 64)
@@ -141,7 +141,7 @@ def test_validate_end_to_end_zero2_two_ranks(tmp_path: Path) -> None:
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
 def test_validate_emulated_2x2_all_stages(tmp_path: Path) -> None:
     """Two namespaces of two ranks at 1 Gbit/s: every stage runs, nothing is left."""
-    from zsim.validate.emulate import our_namespaces
+    from zsim.testbed.emulate import our_namespaces
 
     before = set(our_namespaces())
     args = ["validate", "--topology", "2x2-cpu-1gbit", "--emulate", "--steps", "3"]

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from zsim import zero3
-from zsim.layout import rank_layers
-from zsim.model import Layer, LayerKind, ModelKind, ModelSpec
-from zsim.parallel import (
+from zsim.step import zero3
+from zsim.workload.layout import rank_layers
+from zsim.workload.model import Layer, LayerKind, ModelKind, ModelSpec
+from zsim.workload.parallel import (
+    STAGE0_ALLREDUCE_BUCKET_NUMEL,
     Offload,
     ParallelConfig,
     PipelineSchedule,
@@ -25,6 +26,7 @@ from zsim.parallel import (
     Recompute,
     ZeroStage,
 )
+from zsim.workload.shapes import Shard, layer_input_bytes, loss_saved_bytes, saved_tensors
 
 # Bytes per parameter of each model state (the seeds' table 2.1).
 FP32_BYTES = 4
@@ -133,25 +135,17 @@ def activation_bytes(
 ) -> float:
     """Activations of one pipeline stage at its peak (see `in_flight_micro_batches`)."""
     per_layer = []
+    shard = Shard.of(cfg)
     for layer in layers:
-        saved = model.saved_tensors(
-            layer,
-            cfg.micro_batch,
-            cfg.tp,
-            cfg.sequence_parallel,
-            cfg.flash_attention,
-            cfg.precision.bytes,
-        )
+        saved = saved_tensors(model, layer, shard)
         if cfg.recompute is Recompute.SELECTIVE and layer.kind is LayerKind.BLOCK:
             saved = {k: v for k, v in saved.items() if k not in _SELECTIVE_DROPS}
         per_layer.append((layer.kind, sum(saved.values())))
     if pipeline_stage == cfg.pp - 1:
-        loss = model.loss_saved_bytes(cfg.micro_batch, cfg.precision.bytes)
+        loss = loss_saved_bytes(model, cfg.micro_batch, cfg.precision.bytes)
         per_layer.append((LayerKind.HEAD, loss))  # kept under full recompute too
     if cfg.recompute is Recompute.FULL:
-        kept = model.layer_input_bytes(
-            cfg.micro_batch, cfg.tp, cfg.sequence_parallel, cfg.precision.bytes
-        )
+        kept = layer_input_bytes(model, shard)
         recomputable = [b for k, b in per_layer if k in (LayerKind.BLOCK, LayerKind.LINEAR)]
         others = sum(b for k, b in per_layer if k not in (LayerKind.BLOCK, LayerKind.LINEAR))
         stored = kept * len(recomputable) + others
@@ -162,25 +156,23 @@ def activation_bytes(
     return sum(b for _, b in per_layer) * in_flight_micro_batches(cfg, pipeline_stage)
 
 
-STAGE0_ALLREDUCE_BUCKET = 500_000_000  # MEMORY_OPT_ALLREDUCE_SIZE, deepspeed/runtime/engine.py
-
-
 def comm_buffer_bytes(model: ModelSpec, cfg: ParallelConfig, layers: tuple[Layer, ...]) -> float:
     """DeepSpeed's communication buffers on one rank, at the end of a backward.
 
     Measured on DeepSpeed 0.19 (held tensors, byte-exact):
-    - stage 0 flattens each all-reduce bucket (up to 5e8 elements) into a copy;
+    - stage 0 flattens each all-reduce bucket (up to `STAGE0_ALLREDUCE_BUCKET_NUMEL`) into a
+      copy;
     - stages 1-2 allocate the whole IPG bucket, reduce_bucket_size elements whatever the model
       size (two with overlap_comm), during backward (`setup_buckets`);
     - stage 3 keeps one such bucket from initialisation on, and the parameters its coordinator
       keeps gathered: with the default reuse distance the whole model (under 1e9 elements) is
-      gathered by the end of a forward (replayed by `zsim.zero3`).
+      gathered by the end of a forward (replayed by `zsim.step.zero3`).
     """
     params = sum(layer.params(cfg.tp) for layer in layers)
     b = cfg.precision.bytes
     stage = cfg.zero_stage
     if stage is ZeroStage.NONE:
-        return min(STAGE0_ALLREDUCE_BUCKET, params) * b if cfg.dp > 1 else 0.0
+        return min(STAGE0_ALLREDUCE_BUCKET_NUMEL, params) * b if cfg.dp > 1 else 0.0
     bucket = cfg.knobs.reduce_bucket_size * b
     if stage is ZeroStage.PARAMETERS:
         return bucket + zero3_gathered_numel(model, cfg, layers) * b

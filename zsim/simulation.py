@@ -7,17 +7,19 @@ from typing import Any
 
 import simpy
 
-from zsim.calibrate.links import apply_profile
-from zsim.collectives import Communicator
-from zsim.engine import Engine, EngineResult, Span, tp_fixed_time
-from zsim.fabric import Backend
-from zsim.hardware import DeviceProfile
+from zsim.cluster.calibrated import apply_profile
+from zsim.cluster.device import DeviceProfile
+from zsim.cluster.fabric import Backend
+from zsim.cluster.grid import RankGrid
+from zsim.cluster.topology import Topology
 from zsim.memory import MemoryLedger, peak_ledger
-from zsim.model import ModelSpec
-from zsim.parallel import ParallelConfig, Recompute
-from zsim.schedule import build_program
-from zsim.topology import RankGrid, Topology
-from zsim.trace import RankTimes, rank_times
+from zsim.network.communicator import Communicator
+from zsim.step.builder import build_program
+from zsim.step.engine import Engine, EngineResult, Span, tp_fixed_time
+from zsim.step.trace import RankTimes, rank_times
+from zsim.workload.model import ModelSpec
+from zsim.workload.parallel import ParallelConfig, Recompute
+from zsim.workload.shapes import forward_flops
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,7 @@ class Report:
 def step_flops(model: ModelSpec, cfg: ParallelConfig) -> tuple[float, float]:
     """(model FLOPs, hardware FLOPs) of one step over all GPUs: forward + backward (2x), and
     for hardware FLOPs the recomputed forward too (Narayanan et al. 2021, section 5.1)."""
-    forward = model.forward_flops(cfg.micro_batch) * cfg.grad_accum * cfg.dp
+    forward = forward_flops(model, cfg.micro_batch) * cfg.grad_accum * cfg.dp
     replay = forward if cfg.recompute is Recompute.FULL else 0.0
     return 3 * forward, 3 * forward + replay
 

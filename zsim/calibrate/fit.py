@@ -3,14 +3,14 @@
 Every fit minimises relative error (each row weighted by 1/t), so that a 10 us and a 1 s row
 count alike. What each fit feeds:
 
-    GEMM rows           zsim.hardware.fit_gemm      -> gemm_flops_per_s, gemm_overhead_s
+    GEMM rows           zsim.cluster.gpu_spec.fit_gemm -> gemm_flops_per_s, gemm_overhead_s
     ATTENTION rows      t = gemm_overhead + F/rate  -> attention_flops_per_s
     MEMORY rows         t = overhead + bytes/rate   -> memory_bytes_per_s, memory_overhead_s
     LAYER_* rows        the median                  -> layer_times[key]
     HOST_COPY rows      t = a + bytes/rate          -> host_link_bytes_per_s
     OPTIMIZER rows      t = a + params/rate         -> host_adam_params_per_s and
                         optimizer_bytes_per_s = rate x ADAM_STEP_BYTES_PER_PARAM
-    COLLECTIVE rows     zsim.collectives' model     -> links[link class] (LinkFit), call
+    COLLECTIVE rows     zsim.network's model     -> links[link class] (LinkFit), call
                         latency, gloo's send/recv call latency, message_s,
                         first_touch_bytes_per_s and each op's own op_s_per_byte (its
                         copies and sums run at the memcpy and elementwise rates above)
@@ -28,11 +28,12 @@ from typing import Any
 
 import numpy as np
 
-from zsim.calibrate.keys import ADAM_STEP_BYTES_PER_PARAM
 from zsim.calibrate.plan import FIT_TOLERANCE, Kind, Measurement
+from zsim.cluster.calibrated import apply_profile
+from zsim.cluster.device import ADAM_STEP_BYTES_PER_PARAM, ComputeRates, DeviceProfile, LayerTime
+from zsim.cluster.gpu_spec import fit_gemm
 from zsim.errors import require
-from zsim.hardware import ComputeRates, DeviceProfile, LayerTime, fit_gemm
-from zsim.model import ComputeOp, OpKind
+from zsim.workload.model import ComputeOp, OpKind
 
 LinkPredict = Callable[[Measurement], float | None]
 """The fitted collective model's time of a (possibly synthetic) collective row."""
@@ -318,11 +319,11 @@ def fit_profile(name: str, rows: Sequence[Measurement], info: Mapping[str, Any])
     link_predict: LinkPredict = lambda _row: None  # noqa: E731 - no collectives measured
     collectives = [(i, r) for i, r in enumerate(rows) if r.kind is Kind.COLLECTIVE]
     if collectives and info.get("topology"):
-        from zsim import presets
         from zsim.calibrate import links
+        from zsim.inputs import presets
 
         # the profile's measured copy and sum rates are the ranks' local work (gloo)
-        topo = links.apply_profile(presets.topology(str(info["topology"])), profile)
+        topo = apply_profile(presets.topology(str(info["topology"])), profile)
         fitted = links.fit_links(topo, collectives)
         profile = replace(
             profile,
@@ -335,7 +336,7 @@ def fit_profile(name: str, rows: Sequence[Measurement], info: Mapping[str, Any])
             op_call_s=fitted.op_call_s,
         )
         link_params = links.params_of(topo, fitted, collectives)
-        link_predict = links.predictor(links.apply_profile(topo, profile))
+        link_predict = links.predictor(apply_profile(topo, profile))
     predictions: dict[int, float] = {}
     for i, row in enumerate(rows):
         p = predict_compute(profile, row)

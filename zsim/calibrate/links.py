@@ -1,5 +1,5 @@
 """Link latency and bandwidth per link class, the call latency and the ranks' local work,
-fitted so that zsim's own collective model (the simulator, `zsim.collectives.simulate_s`, on the
+fitted so that zsim's own collective model (the simulator, `communicator.simulate_s`, on the
 measured cluster's topology) reproduces the measured collective times.
 
 The model's time of a call is linear in its unknowns as long as the bottleneck link class of a
@@ -12,7 +12,7 @@ and v_op the bytes the busiest rank sends plus receives, at its op's own CPU cos
 gloo, send/recv has its own call latency (torch posts it on the caller's thread, not through
 the process group's worker queue). The coefficients are read off the model itself by probing
 it (every unknown at zero cost, then one at 1 s, 1 B/s or 1 s/B), so no formula of
-zsim.collectives is copied here. The unknowns are then found by non-negative least squares on
+zsim.network is copied here. The unknowns are then found by non-negative least squares on
 relative error, and the residuals are computed with the real simulator at the fitted values.
 
 The ops' own costs and the wire's bandwidth are not separable (each op's bytes on the wire and
@@ -26,23 +26,25 @@ profile's memcpy rate and its sums at its elementwise rate (`local_rates`), so o
 faults of fresh memory, the cost per message and the ops' own costs come from the
 collective rows (microbenchmarks only: never end-to-end runs).
 
-`apply_profile` is how a profile's links, call latency and local work override a topology: the
-simulator and this fit use the same function.
+`zsim.cluster.calibrated.apply_profile` is how a profile's links, call latency and local work
+override a topology: the simulator and this fit use the same function.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from zsim.calibrate.plan import Collective, Kind, Measurement
-from zsim.collectives import CollectiveCall, CollectiveOp, simulate_s
+from zsim.cluster.calibrated import with_call_latency, with_link_class, with_links, with_local_work
+from zsim.cluster.device import LinkFit
+from zsim.cluster.fabric import Backend, LinkClass
+from zsim.cluster.topology import Topology
 from zsim.errors import require
-from zsim.fabric import Backend, LinkClass
-from zsim.hardware import DeviceProfile, LinkFit
-from zsim.topology import Topology, with_call_latency, with_link_class, with_local_work
+from zsim.network.collective import CollectiveCall, CollectiveOp
+from zsim.network.communicator import simulate_s
 
 OPS = {
     Collective.ALL_GATHER: CollectiveOp.ALL_GATHER,
@@ -58,62 +60,6 @@ reduce_scatter_tensor clones its input and all-reduces it. all_reduce and broadc
 algorithm on the tensor itself: theirs is the common call latency (send/recv has its own)."""
 HUGE_BPS = 1e30  # a bandwidth that never limits (probing)
 PROBE_FLOOR_S = 1e-3  # a unit unknown (1 s, 1 B/s) a row depends on adds at least this
-
-
-SUM_PASSES = 3
-"""A sum out = a + b reads two operands and writes one: in output bytes it runs at a third of
-the elementwise rate the profile measures (bytes moved)."""
-
-
-def apply_profile(topo: Topology, profile: DeviceProfile) -> Topology:
-    """`topo` with the profile's fitted links (by class) and call latency, and, for a gloo
-    profile on a gloo fabric, send/recv's own call latency and its ranks' local work
-    (`local_rates`, and the ops' own costs per byte)."""
-    gloo = profile.backend == "gloo" and topo.fabric.backend is Backend.GLOO
-    p2p = profile.p2p_call_latency_s if gloo else None
-    topo = _with_links(topo, profile.links, profile.call_latency_s, p2p)
-    if gloo:
-        topo = with_local_work(
-            topo, dict(profile.op_s_per_byte), dict(profile.op_call_s), **local_rates(profile)
-        )
-    return topo
-
-
-def local_rates(profile: DeviceProfile) -> dict[str, float]:
-    """A CPU profile's rates of a gloo rank's own work: copies at its memcpy rate (on the CPU
-    the host-copy rows time copy_ between host buffers, torch's own copies), sums at its
-    elementwise rate (fp32, the dtype gloo reduces here, when measured), and the fitted cost
-    per message and page-fault rate when the profile has them."""
-    rates = profile.rates.get("fp32") or next(iter(profile.rates.values()))
-    out = {
-        "copy_bytes_per_s": profile.host_link_bytes_per_s,
-        "reduce_bytes_per_s": rates.memory_bytes_per_s / SUM_PASSES,
-    }
-    if profile.message_s is not None:
-        out["message_s"] = profile.message_s
-    if profile.first_touch_bytes_per_s is not None:
-        out["first_touch_bytes_per_s"] = profile.first_touch_bytes_per_s
-    return out
-
-
-def _with_links(
-    topo: Topology,
-    links: Mapping[str, LinkFit],
-    call_latency_s: float | None,
-    p2p_call_latency_s: float | None = None,
-) -> Topology:
-    for cls in sorted(links):
-        if any(str(c) == cls for c in topo.link_class):
-            link = links[cls]
-            topo = with_link_class(
-                topo,
-                LinkClass(cls),
-                bandwidth_bytes_per_s=link.bandwidth_bytes_per_s,
-                latency_s=link.latency_s,
-            )
-    if call_latency_s is not None:
-        topo = with_call_latency(topo, call_latency_s, p2p_call_latency_s)
-    return topo
 
 
 def group_gpus(topo: Topology, group: str, ranks: int) -> tuple[int, ...]:
@@ -267,7 +213,7 @@ def fit_links(topo: Topology, rows: Sequence[tuple[int, Measurement]]) -> LinkMo
     op_calls = {str(u[1]): v for u, v in values.items() if u[0] == "op_call"}
     local = {"message_s": message, "first_touch_bytes_per_s": first_touch}
     final = with_local_work(
-        _with_links(topo, links, call_latency, p2p_call),
+        with_links(topo, links, call_latency, p2p_call),
         op_costs,
         op_calls,
         **{k: v for k, v in local.items() if v is not None},

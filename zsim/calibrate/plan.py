@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from zsim.errors import InputError, require
-from zsim.model import ComputeOp, LayerKind, ModelKind, ModelSpec, OpKind
+from zsim.workload.model import ComputeOp, LayerKind, ModelKind, ModelSpec, OpKind
+from zsim.workload.shapes import Shard, backward_ops, forward_ops
 
 PROGRESS = "@zsim-progress"  # the worker's progress lines: PROGRESS DONE TOTAL LABEL
 RANKS_ON_HOST_ENV = "ZSIM_RANKS_ON_HOST"  # all ranks on this machine, emulated nodes included
@@ -85,7 +86,7 @@ class Measurement:
     flops: float = 0.0  # GEMM, ATTENTION
     shape: tuple[int, int, int, int] = (0, 0, 0, 0)  # GEMM: (m, n, k, batch)
     params: int = 0  # OPTIMIZER: parameters stepped
-    layer_key: str = ""  # LAYER_*: zsim.hardware.layer_key of the layer and shape
+    layer_key: str = ""  # LAYER_*: zsim.cluster.device.layer_key of the layer and shape
     micro_batch: int = 0  # LAYER_*, ATTENTION
     group: str = ""  # COLLECTIVE: intra, inter or full
     ranks: int = 0  # COLLECTIVE: group size
@@ -315,13 +316,13 @@ def model_gemm_shapes(
     model: ModelSpec, micro_batches: tuple[int, ...], flash_attention: bool
 ) -> set[tuple[int, int, int, int]]:
     """The (m, n, k, batch) of every GEMM the simulator will time for `model`: the forward
-    GEMMs and their backward ones (`ModelSpec.backward_ops`), at each micro-batch size."""
+    GEMMs and their backward ones (`shapes.backward_ops`), at each micro-batch size."""
     shapes: set[tuple[int, int, int, int]] = set()
     layers = {layer.kind: layer for layer in model.layer_list()}
     for mb in micro_batches:
         for layer in layers.values():
-            forward = model.forward_ops(layer, mb, flash_attention=flash_attention)
-            for op in (*forward, *model.backward_ops(forward)):
+            forward = forward_ops(model, layer, Shard(mb, flash_attention=flash_attention))
+            for op in (*forward, *backward_ops(forward)):
                 if op.kind is OpKind.GEMM:
                     shapes.add((*op.gemm_shape, op.gemm_batch))
     return shapes
@@ -336,7 +337,7 @@ def attention_ops(
     block = next(la for la in model.layer_list() if la.kind is LayerKind.BLOCK)
     out = []
     for mb in micro_batches:
-        ops = model.forward_ops(block, mb, flash_attention=True, dtype_bytes=dtype_bytes)
+        ops = forward_ops(model, block, Shard(mb, flash_attention=True, dtype_bytes=dtype_bytes))
         out += [(mb, op) for op in ops if op.kind is OpKind.ATTENTION]
     return out
 

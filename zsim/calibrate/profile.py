@@ -4,7 +4,7 @@ A calibration file (`calibration/<name>.json`) holds, in one JSON object:
 
     zsim_profile   the format version (1)
     name           the profile's name
-    device         the fitted model: every field of a zsim.hardware.DeviceProfile
+    device         the fitted model: every field of a zsim.cluster.device.DeviceProfile
     fit            residuals of the fit per (kind, op) and the fitted collective parameters
     provenance     device, count, backend, versions, date, host, load, threads
     plan           what was measured (sizes, shapes, repeats)
@@ -28,10 +28,10 @@ import numpy as np
 
 from zsim.calibrate.fit import Residual, fit_profile
 from zsim.calibrate.plan import Kind, Measurement, algbw, busbw
-from zsim.collective_model import CollectiveOp
-from zsim.config_io import load_json
+from zsim.cluster.device import ComputeRates, DeviceProfile, LayerTime, LinkFit
 from zsim.errors import InputError, require
-from zsim.hardware import ComputeRates, DeviceProfile, LayerTime, LinkFit
+from zsim.inputs.files import load_json
+from zsim.network.collective import CollectiveOp
 
 FORMAT_VERSION = 1
 

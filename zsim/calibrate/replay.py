@@ -1,22 +1,22 @@
 """The simulator's time of a measured row under a profile: what `zsim run` would predict for
 that microbenchmark. Only the simulator's own functions are used (not the fit's): a kernel from
 `DeviceProfile.op_time_s`, a layer from `DeviceProfile.layer_time`, a copy or an Adam step from
-the profile's rates, a collective from the flow simulation (`zsim.collectives.simulate_s`) of
+the profile's rates, a collective from the flow simulation (`communicator.simulate_s`) of
 the calls the microbenchmark ran, on the measured cluster's topology with the profile applied."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from zsim import presets
-from zsim.calibrate.keys import ADAM_STEP_BYTES_PER_PARAM
-from zsim.calibrate.links import apply_profile, calls_of
+from zsim.calibrate.links import calls_of
 from zsim.calibrate.plan import Kind, Measurement
 from zsim.calibrate.profile import Calibration
-from zsim.collectives import simulate_s
-from zsim.hardware import DeviceProfile
-from zsim.model import ComputeOp, OpKind
-from zsim.topology import Topology
+from zsim.cluster.calibrated import apply_profile
+from zsim.cluster.device import ADAM_STEP_BYTES_PER_PARAM, DeviceProfile
+from zsim.cluster.topology import Topology
+from zsim.inputs import presets
+from zsim.network.communicator import simulate_s
+from zsim.workload.model import ComputeOp, OpKind
 
 
 def simulated_s(profile: DeviceProfile, topo: Topology, row: Measurement) -> float:

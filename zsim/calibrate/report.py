@@ -13,7 +13,7 @@ from zsim.calibrate.links import HUGE_BPS
 from zsim.calibrate.plan import Kind, algbw, busbw
 from zsim.calibrate.profile import Calibration
 from zsim.calibrate.replay import model_of
-from zsim.parallel import Precision
+from zsim.workload.parallel import Precision
 
 _console = Console(highlight=False, width=120)
 

@@ -168,7 +168,7 @@ def worker_env(
     """The environment of the workers, as zsim's validation gives its training ranks."""
     env = dict(os.environ)
     if device == "cpu":
-        from zsim.validate.procs import CPU_ALLOCATOR_ENV
+        from zsim.testbed.procs import CPU_ALLOCATOR_ENV
 
         env.update(CPU_ALLOCATOR_ENV)
         env["DS_ACCELERATOR"] = "cpu"
@@ -213,7 +213,7 @@ def watch(
 
 
 def launch_local(argv: list[str], env: Mapping[str, str], tag: str) -> subprocess.Popen[bytes]:
-    from zsim.validate import procs
+    from zsim.testbed import procs
 
     return procs.spawn(argv, tag, env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
@@ -250,7 +250,7 @@ def run_local(
     update: Callable[[int, int, str], None],
 ) -> None:
     """One torchrun on this host (one node of a real multi-node run when nnodes > 1)."""
-    from zsim.validate import procs
+    from zsim.testbed import procs
 
     ifname = "lo" if launch.nnodes == 1 else None  # several real hosts: gloo picks
     env = worker_env(plan.device, launch, launch.nproc, ifname)
@@ -264,7 +264,7 @@ def run_local(
 
 @dataclass(frozen=True)
 class Emulation:
-    """Nodes emulated as network namespaces (zsim.validate.emulate), as validation runs them."""
+    """Nodes emulated as network namespaces (zsim.testbed.emulate), as validation runs them."""
 
     nodes: int
     ranks_per_node: int
@@ -281,8 +281,8 @@ def run_emulated(
     update: Callable[[int, int, str], None],
 ) -> dict[str, Any]:
     """One torchrun per emulated node; node 0 holds rank 0. What was applied is returned."""
-    from zsim.validate import procs
-    from zsim.validate.emulate import NODE_DEV, EmulatedCluster
+    from zsim.testbed import procs
+    from zsim.testbed.emulate import NODE_DEV, EmulatedCluster
 
     launch = Launch(
         nproc=emulation.ranks_per_node,

@@ -30,8 +30,6 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
-from zsim import torchmodels
-from zsim.calibrate.keys import layer_time_key
 from zsim.calibrate.plan import (
     PROGRESS,
     RANKS_ON_HOST_ENV,
@@ -43,7 +41,9 @@ from zsim.calibrate.plan import (
     layer_kinds,
     merge,
 )
-from zsim.model import LayerKind, ModelKind, ModelSpec
+from zsim.cluster.device import layer_time_key
+from zsim.testbed import torchmodels
+from zsim.workload.model import LayerKind, ModelKind, ModelSpec
 
 CONTENDED = 0.9  # a CPU sample whose thread ran less than this share of its wall time
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

@@ -20,7 +20,7 @@ import numpy as np
 
 from zsim.errors import InputError
 from zsim.memory import MemoryLedger, ledger
-from zsim.validate.emulate import LinkEmulation
+from zsim.testbed.emulate import LinkEmulation
 from zsim.validate.runner import Case, Measurement, Status
 
 BAND_PERCENTILES = (5.0, 95.0)
@@ -59,8 +59,8 @@ def predict(case: Case, profile_path: Path | None, band_samples: int = 20) -> Pr
     if profile_path is None:
         raise PredictionUnavailable("no --profile given (make one with `zsim calibrate`)")
     simulate = _simulator()
-    from zsim import presets
     from zsim.calibrate.profile import load_profile, sample_profiles
+    from zsim.inputs import presets
 
     topology = presets.topology(case.topology)
     try:

@@ -26,10 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from zsim.errors import positive_int, require
-from zsim.model import ModelSpec
-from zsim.parallel import ParallelConfig, Precision, to_ds_config
-from zsim.validate import procs
-from zsim.validate.emulate import NODE_DEV, EmulatedCluster, LinkEmulation
+from zsim.testbed import procs
+from zsim.testbed.emulate import NODE_DEV, EmulatedCluster, LinkEmulation
+from zsim.workload.ds_config import to_ds_config
+from zsim.workload.model import ModelSpec
+from zsim.workload.parallel import ParallelConfig, Precision
 
 WORKER = ("-m", "zsim.validate.train_worker")
 # node 0's namespace is this run's own: nothing else listens there

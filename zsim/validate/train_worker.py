@@ -31,9 +31,9 @@ import deepspeed  # the runner sets DS_ACCELERATOR (cpu or cuda) before this is 
 import torch
 from deepspeed import comm as dist
 
-from zsim import torchmodels
-from zsim.model import ModelKind, ModelSpec
+from zsim.testbed import torchmodels
 from zsim.validate.held import CATEGORIES, SavedTensors, engine_inventory
+from zsim.workload.model import ModelKind, ModelSpec
 
 
 def model_from(fields: dict[str, Any]) -> ModelSpec:

@@ -1,0 +1,253 @@
+"""`zsim run`, `zsim memory`, `zsim models`, `zsim gpus`: flags -> the scenario -> the core ->
+the rendered result."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from zsim.cluster.device import DeviceProfile
+from zsim.cluster.topology import Topology
+from zsim.errors import InputError
+from zsim.inputs import presets
+from zsim.inputs.scenario import build_model, build_parallel, check_layout
+from zsim.memory import peak_ledger
+from zsim.outputs import render
+from zsim.simulation import simulate
+from zsim.step.trace import chrome_trace
+from zsim.workload.model_presets import PRESETS
+from zsim.workload.parallel import ZeroStage, with_stage
+
+
+def _add_model_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--model", help=f"preset: {', '.join(PRESETS)}")
+    g.add_argument("--params", help="parameter count only (model-state ledger), e.g. 7.5e9")
+    for flag in ("layers", "hidden", "heads", "ffn-hidden", "seq-len", "vocab", "kv-heads"):
+        g.add_argument(f"--{flag}", metavar="N", help=f"override the preset's {flag}")
+
+
+def _add_parallel_flags(p: argparse.ArgumentParser, stage: bool = True) -> None:
+    g = p.add_argument_group("layout and batch")
+    g.add_argument("--ds-config", type=Path, help="a DeepSpeed ds_config.json to read")
+    for flag, text in (
+        ("dp", "data-parallel size"),
+        ("tp", "tensor-parallel size"),
+        ("pp", "pipeline-parallel size"),
+        ("micro-batch", "per-GPU micro-batch"),
+        ("grad-accum", "gradient accumulation steps"),
+        ("global-batch", "train_batch_size = micro x accum x dp"),
+    ):
+        g.add_argument(f"--{flag}", metavar="N", help=text)
+    if stage:
+        g.add_argument("--stage", help="ZeRO stage 0-3")
+    g.add_argument("--precision", help="fp16, bf16 or fp32 (default fp16)")
+    g.add_argument("--recompute", help="none, selective or full")
+    g.add_argument("--offload", help="none, optimizer or optimizer+params")
+    g.add_argument("--sequence-parallel", action="store_true", default=None)
+    g.add_argument("--flash-attention", action="store_true", default=None)
+    g.add_argument("--pp-schedule", help="gpipe, 1f1b or interleaved")
+    g.add_argument("--pipeline-engine", help="deepspeed (PipelineEngine, default) or megatron")
+    g.add_argument("--virtual-stages", metavar="V", help="model chunks per rank (interleaved)")
+    k = p.add_argument_group("DeepSpeed knobs (elements, as in ds_config)")
+    for knob in (
+        "reduce-bucket-size",
+        "allgather-bucket-size",
+        "prefetch-bucket-size",
+        "param-persistence-threshold",
+        "max-live-parameters",
+        "max-reuse-distance",
+    ):
+        k.add_argument(f"--{knob}", metavar="N")
+    k.add_argument("--overlap-comm", action=argparse.BooleanOptionalAction, default=None)
+
+
+def _model_from(args: argparse.Namespace) -> Any:
+    return build_model(
+        args.model,
+        args.params,
+        layers=args.layers,
+        hidden=args.hidden,
+        heads=args.heads,
+        ffn_hidden=args.ffn_hidden,
+        seq_len=args.seq_len,
+        vocab=args.vocab,
+        kv_heads=args.kv_heads,
+    )
+
+
+def _parallel_from(args: argparse.Namespace, **extra: Any) -> Any:
+    flags = {
+        k: getattr(args, k, None)
+        for k in (
+            "dp",
+            "tp",
+            "pp",
+            "micro_batch",
+            "grad_accum",
+            "global_batch",
+            "stage",
+            "precision",
+            "recompute",
+            "offload",
+            "sequence_parallel",
+            "flash_attention",
+            "pp_schedule",
+            "pipeline_engine",
+            "virtual_stages",
+            "reduce_bucket_size",
+            "allgather_bucket_size",
+            "prefetch_bucket_size",
+            "param_persistence_threshold",
+            "max_live_parameters",
+            "max_reuse_distance",
+            "overlap_comm",
+        )
+    }
+    return build_parallel(args.ds_config, **(flags | extra))
+
+
+# ---- commands ------------------------------------------------------------------------------
+
+
+def cmd_memory(args: argparse.Namespace) -> int:
+    model = _model_from(args)
+    cfg = _parallel_from(args)
+    check_layout(model, cfg)
+    device = presets.gpu(args.gpu)
+    ledgers = {s: peak_ledger(model, with_stage(cfg, s)) for s in ZeroStage}
+    report = render.memory_report(model, cfg, device, ledgers)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        render.print_memory(report)
+    return 0
+
+
+DEFAULT_RUN = {"topology": "1x8-nvlink", "model": "gpt-1.3b", "micro_batch": "4"}
+
+
+def _device(args: argparse.Namespace, topology: Topology) -> DeviceProfile:
+    """A calibrated profile (--profile), a GPU preset (--gpu), or the topology's GPU."""
+    if args.profile:
+        from zsim.calibrate.profile import load_profile
+
+        return load_profile(args.profile)
+    name = args.gpu or topology.gpu_model
+    if name is None:
+        raise InputError(
+            "gpu",
+            None,
+            f"a GPU preset (--gpu) or a calibrated profile (--profile): "
+            f"topology {topology.name} names no GPU model",
+        )
+    return presets.gpu(name)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    defaults = [
+        f"--{k.replace('_', '-')} {v}"
+        for k, v in DEFAULT_RUN.items()
+        if getattr(args, k) is None and not (k == "model" and args.params)
+    ]
+    for key, value in DEFAULT_RUN.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    topology = presets.topology(args.topology)
+    model = _model_from(args)
+    tp, pp = (int(x) if x else 1 for x in (args.tp, args.pp))
+    world = topology.world_size
+    dp = args.dp or (str(world // (tp * pp)) if world % (tp * pp) == 0 else None)
+    if dp is None:
+        raise InputError("tp x pp", tp * pp, f"a divisor of the {world} GPUs of {topology.name}")
+    cfg = _parallel_from(args, dp=dp)
+    check_layout(model, cfg)
+    if cfg.world_size != world:
+        raise InputError(
+            "dp x tp x pp",
+            cfg.world_size,
+            f"the {world} GPUs of {topology.name} (dp={cfg.dp}, tp={cfg.tp}, pp={cfg.pp})",
+        )
+    device = _device(args, topology)
+    report = simulate(model, cfg, topology, device, full=args.full)
+    summary = render.run_report(model, cfg, topology.name, device, report)
+    if args.trace:
+        _write(args.trace, json.dumps(chrome_trace(report.engine.spans)))
+    if args.plot:
+        from zsim.outputs.timeline import timeline
+
+        title = (
+            f"{model.name} on {topology.name}: ZeRO-{int(cfg.zero_stage)}, "
+            f"dp={cfg.dp} tp={cfg.tp} pp={cfg.pp}"
+        )
+        fig = timeline(report.engine.spans, title)
+        _write(args.plot, fig)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        if defaults:
+            render.note("defaults: " + "  ".join(defaults))
+        render.print_run(summary)
+    return 0
+
+
+def _write(path: Path, content: Any) -> None:
+    """Write a file through a temporary name, so a failure leaves no half-written file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        if isinstance(content, str):
+            tmp.write_text(content, encoding="utf-8")
+        else:
+            content.savefig(tmp, dpi=120, format=path.suffix.lstrip(".") or "png")
+        tmp.replace(path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise InputError("output", str(path), f"a writable path ({exc.strerror})") from None
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    rows = [render.model_row(m) for m in PRESETS.values()]
+    print(json.dumps(rows, indent=2)) if args.json else render.print_rows(rows, "Model presets")
+    return 0
+
+
+def cmd_gpus(args: argparse.Namespace) -> int:
+    rows = [render.gpu_row(presets.gpu(n)) for n in presets.gpu_names()]
+    print(json.dumps(rows, indent=2)) if args.json else render.print_rows(rows, "GPU presets")
+    return 0
+
+
+def add_commands(sub: Any) -> None:
+    """Register `run`, `memory`, `models` and `gpus` on zsim's subparsers."""
+    run = sub.add_parser("run", help="simulate one training step on a cluster")
+    run.add_argument(
+        "--topology",
+        help="cluster preset NxG-fabric or a YAML file "
+        f"(default {DEFAULT_RUN['topology']}; see `zsim topologies`)",
+    )
+    _add_model_flags(run)
+    _add_parallel_flags(run)
+    run.add_argument("--gpu", help="GPU preset, instead of the topology's (see `zsim gpus`)")
+    run.add_argument("--profile", type=Path, help="a calibrated profile (zsim calibrate)")
+    run.add_argument("--full", action="store_true", help="simulate every rank, not one per stage")
+    run.add_argument("--json", action="store_true", help="machine-readable output")
+    run.add_argument("--trace", type=Path, help="write a Chrome/Perfetto trace JSON")
+    run.add_argument("--plot", type=Path, help="write a timeline PNG of compute and comm")
+    run.set_defaults(func=cmd_run)
+
+    mem = sub.add_parser("memory", help="memory ledger per GPU for ZeRO stages 0-3")
+    _add_model_flags(mem)
+    _add_parallel_flags(mem, stage=False)
+    mem.add_argument("--gpu", default="a100-80gb", help="GPU preset (see `zsim gpus`)")
+    mem.add_argument("--json", action="store_true", help="machine-readable output")
+    mem.set_defaults(func=cmd_memory)
+
+    for name, func, text in (
+        ("models", cmd_models, "list model presets"),
+        ("gpus", cmd_gpus, "list GPU presets"),
+    ):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--json", action="store_true")
+        p.set_defaults(func=func)

@@ -1,0 +1,97 @@
+"""GPU presets: a spec sheet (`calibration/presets/*.yaml`: peaks, memory, HBM) and the public
+microbenchmark rows (`calibration/reference/microbenchmarks_gemm_hbm.csv`) -> a `DeviceProfile`.
+The efficiencies come from microbenchmarks only, never from end-to-end training runs."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from zsim.cluster.device import GB, ComputeRates, DeviceProfile, GiB
+from zsim.errors import positive_number, require
+
+
+def fit_gemm(shapes_tflops: list[tuple[int, int, int, float]]) -> tuple[float, float]:
+    """(achieved FLOP/s, overhead s) from (m, n, k, measured TFLOP/s) rows, by least squares
+    on t = overhead + flops / rate (t derived from each row as 2mnk / TFLOP/s)."""
+    require(len(shapes_tflops) >= 2, "gemm rows", len(shapes_tflops), "at least two shapes")
+    flops = np.array([2.0 * m * n * k for m, n, k, _ in shapes_tflops])
+    times = flops / (np.array([r for *_, r in shapes_tflops]) * 1e12)
+    # weight by 1/t so that small and large shapes count by relative error
+    a = np.stack([np.ones_like(flops), flops], axis=1) / times[:, None]
+    (overhead, inv_rate), *_ = np.linalg.lstsq(a, np.ones_like(times), rcond=None)
+    return float(1.0 / inv_rate), float(max(overhead, 0.0))
+
+
+def _number(row: dict[str, str], key: str) -> float:
+    return float(row[key].replace(",", ""))
+
+
+def profile_from_spec(
+    spec: Mapping[str, Any],
+    reference: list[dict[str, str]],
+    measured_on: Mapping[str, Any] | None = None,
+) -> DeviceProfile:
+    """A GPU profile from its spec-sheet YAML and the reference microbenchmark rows.
+
+    The rows were measured on `measured_on` (default: this GPU); efficiencies are fractions of
+    that GPU's spec peaks, applied to this GPU's peaks.
+    """
+    source = measured_on or spec
+    name = str(spec.get("name", "?"))
+    peaks = _peaks(spec)
+    source_peaks = _peaks(source)
+    rows = [r for r in reference if r["gpu_type"].startswith(str(source["match"]))]
+    require(bool(rows), f"{name}.match", source.get("match"), "a gpu_type in the reference rows")
+    notes = [] if source is spec else [f"efficiencies borrowed from {source['name']} measurements"]
+
+    gemm_rows = [r for r in rows if r["benchmark"] == "cuBLASLt GEMM"]
+    gemm_dtype = gemm_rows[0]["dtype"].lower()
+    rate, overhead = fit_gemm(
+        [(int(r["m"]), int(r["n"]), int(r["k"]), _number(r, "value")) for r in gemm_rows]
+    )
+    gemm_eff = rate / source_peaks[gemm_dtype]
+    if gemm_dtype not in ("fp16", "bf16"):
+        notes.append(f"16-bit GEMM efficiency taken from {gemm_dtype.upper()} measurements")
+    flash = [_number(r, "value") for r in rows if r["benchmark"].startswith("Flash Attention")]
+    flash_eff = flash[0] * 1e12 / source_peaks["bf16"] if flash else gemm_eff / 2
+    hbm = [
+        _number(r, "value") for r in rows if re.match(r"HBM (Copy|Mul|Add|Triad)", r["benchmark"])
+    ]
+    hbm_frac = float(np.median(hbm)) * 1e12 / (float(source["hbm_GBps"]) * GB)
+    mem_rate = hbm_frac * positive_number(f"{name}.hbm_GBps", spec["hbm_GBps"]) * GB
+    rates = {
+        dtype: ComputeRates(peak * gemm_eff, overhead, peak * flash_eff, mem_rate, overhead)
+        for dtype, peak in peaks.items()
+    }
+    h2d = [_number(r, "value") for r in rows if r["benchmark"] == "nvbandwidth Host to Device"]
+    host_link = (h2d[0] if h2d and source is spec else float(spec["host_link_GBps"])) * GB
+    return DeviceProfile(
+        name=name,
+        memory_bytes=_memory_bytes(spec),
+        reserved_bytes=float(spec.get("reserved_GiB", 0.0)) * GiB,
+        peak_flops=peaks,
+        rates=rates,
+        host_link_bytes_per_s=host_link,
+        optimizer_bytes_per_s=mem_rate,
+        notes=tuple(notes),
+    )
+
+
+def _peaks(spec: Mapping[str, Any]) -> dict[str, float]:
+    name = spec.get("name", "?")
+    peaks = {
+        str(k): positive_number(f"{name}.peak_TFLOPS.{k}", v) * 1e12
+        for k, v in dict(spec.get("peak_TFLOPS") or {}).items()
+    }
+    require(bool(peaks), f"{name}.peak_TFLOPS", None, "peak TFLOP/s per dtype")
+    return peaks
+
+
+def _memory_bytes(spec: Mapping[str, Any]) -> float:
+    if "memory_GiB" in spec:
+        return positive_number("memory_GiB", spec["memory_GiB"]) * GiB
+    return positive_number("memory_GB", spec.get("memory_GB")) * GB

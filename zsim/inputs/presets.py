@@ -1,0 +1,89 @@
+"""Built-in presets found in the data folders: GPU profiles (spec sheet + reference fit) and
+topologies (fabric presets under `topologies/`, named by the NxG-fabric grammar)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import cache
+from pathlib import Path
+
+from zsim.cluster.device import DeviceProfile
+from zsim.cluster.fabric import FabricSpec, fabric_from_mapping
+from zsim.cluster.gpu_spec import profile_from_spec
+from zsim.cluster.names import parse_cluster_name
+from zsim.cluster.topology import Topology, build_topology
+from zsim.errors import InputError, positive_int, require
+from zsim.inputs.files import data_dir, load_csv, load_mapping
+
+
+def _gpu_dir() -> Path:
+    return data_dir("calibration") / "presets"
+
+
+def gpu_names() -> list[str]:
+    return sorted(p.stem for p in _gpu_dir().glob("*.yaml"))
+
+
+@cache
+def gpu(name: str) -> DeviceProfile:
+    """A built-in GPU profile by name (e.g. `a100-80gb`)."""
+    if name not in gpu_names():
+        raise InputError("gpu", name, "one of " + ", ".join(gpu_names()))
+    spec = load_mapping(_gpu_dir() / f"{name}.yaml", "gpu")
+    measured_on = None
+    if "efficiency_from" in spec:
+        measured_on = load_mapping(_gpu_dir() / f"{spec['efficiency_from']}.yaml", "gpu")
+    reference = load_csv(data_dir("calibration") / "reference" / "microbenchmarks_gemm_hbm.csv")
+    return profile_from_spec(spec, reference, measured_on)
+
+
+# ---- topologies: fabric presets and the NxG-fabric names ---------------------------------
+
+
+def _topology_dir() -> Path:
+    return data_dir("topologies")
+
+
+def fabric_names() -> list[str]:
+    return sorted(p.stem for p in _topology_dir().glob("*.yaml"))
+
+
+@cache
+def fabric(name: str) -> FabricSpec:
+    """A fabric preset by name (e.g. `dgx-a100`): one node type and its network."""
+    if name not in fabric_names():
+        raise InputError("fabric", name, "one of " + ", ".join(fabric_names()))
+    data = load_mapping(_topology_dir() / f"{name}.yaml", "topology")
+    data.pop("nodes", None)
+    return fabric_from_mapping(data, name, gpu_names())
+
+
+def topology(name_or_path: str) -> Topology:
+    """A cluster from `NxG-fabric[-rate]` (see `zsim topologies`) or a user's YAML file.
+
+    A user's file is a fabric mapping plus `nodes` and `gpus_per_node` (one number).
+    """
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml", ".json") or path.exists():
+        return _topology_file(path)
+    parsed = parse_cluster_name(name_or_path, fabric_names())
+    spec = fabric(parsed.fabric)
+    if parsed.nic_rate_bytes_per_s is not None:
+        nic = replace(spec.nic, bandwidth_bytes_per_s=parsed.nic_rate_bytes_per_s)
+        spec = replace(spec, nic=nic)
+    return build_topology(name_or_path, spec, parsed.nodes, parsed.gpus_per_node)
+
+
+def _topology_file(path: Path) -> Topology:
+    data = load_mapping(path, "topology")
+    nodes = data.pop("nodes", None)
+    spec = fabric_from_mapping(data, path.name, gpu_names())
+    require(
+        nodes is not None and len(spec.gpus_per_node) == 1,
+        f"{path.name}:nodes/gpus_per_node",
+        f"nodes={nodes}, gpus_per_node={list(spec.gpus_per_node)}",
+        "a cluster file gives `nodes` and one `gpus_per_node`",
+    )
+    return build_topology(
+        path.stem, spec, positive_int(f"{path.name}:nodes", nodes), spec.gpus_per_node[0]
+    )

@@ -1,0 +1,154 @@
+"""Scenario = model + parallel layout + device (+ topology): built from flags or files.
+
+This is the boundary where raw user input (strings from the command line, dicts from a
+ds_config.json) becomes validated, immutable data. Nothing downstream re-validates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from zsim.cluster.device import DeviceProfile
+from zsim.errors import InputError, positive_int, require
+from zsim.inputs.files import load_json
+from zsim.workload import model_presets as models
+from zsim.workload import parallel as par
+from zsim.workload.ds_config import from_ds_config
+from zsim.workload.model import ModelKind, ModelSpec
+from zsim.workload.parallel import ParallelConfig
+
+
+@dataclass(frozen=True)
+class Scenario:
+    model: ModelSpec
+    parallel: ParallelConfig
+    device: DeviceProfile
+
+
+def parse_int(field: str, text: str | int | None) -> int | None:
+    """A positive integer from a flag; accepts 5e8-style notation when it is whole."""
+    if text is None:
+        return None
+    if isinstance(text, int):
+        return positive_int(field, text)
+    try:
+        value = float(text)
+    except ValueError:
+        raise InputError(field, text, "a positive integer") from None
+    require(value.is_integer() and value > 0, field, text, "a positive integer")
+    return int(value)
+
+
+def parse_choice(field: str, text: str | None, enum: type[Any]) -> Any:
+    if text is None:
+        return None
+    try:
+        return enum(text)
+    except ValueError:
+        raise InputError(field, text, "one of " + ", ".join(str(e.value) for e in enum)) from None
+
+
+def build_model(
+    name: str | None = None, params: str | None = None, **shape: str | None
+) -> ModelSpec:
+    """A model from a preset, a parameter count, or shape flags over a preset (default
+    gpt-125m when only shape flags are given)."""
+    sizes = {k: parse_int(k, v) for k, v in shape.items()}
+    if params is not None:
+        require(
+            name is None and not any(v is not None for v in sizes.values()),
+            "params",
+            params,
+            "either --params or --model/shape flags, not both",
+        )
+        try:
+            count = float(params)
+        except ValueError:
+            raise InputError("params", params, "a number of parameters, e.g. 7.5e9") from None
+        return models.from_params(count)
+    base = models.preset(name or "gpt-125m")
+    if base.kind is ModelKind.MLP:
+        allowed = {"layers", "hidden"}
+        extra = [k for k, v in sizes.items() if v is not None and k not in allowed]
+        require(not extra, extra[0] if extra else "", None, "toy-mlp takes only --layers, --hidden")
+    return models.with_overrides(base, **sizes)  # type: ignore[arg-type]
+
+
+def build_parallel(ds_config: Path | None = None, **flags: Any) -> ParallelConfig:
+    """A ParallelConfig from flags, over a ds_config.json when one is given.
+
+    Flags given explicitly win over the file. The batch obeys DeepSpeed's rule.
+    """
+    dp = parse_int("dp", flags.pop("dp", None))
+    tp = parse_int("tp", flags.pop("tp", None)) or 1
+    pp = parse_int("pp", flags.pop("pp", None)) or 1
+    micro = parse_int("micro_batch", flags.pop("micro_batch", None))
+    accum = parse_int("grad_accum", flags.pop("grad_accum", None))
+    global_batch = parse_int("global_batch", flags.pop("global_batch", None))
+    stage = flags.pop("stage", None)
+    if stage is not None:
+        require(str(stage) in ("0", "1", "2", "3"), "stage", stage, "0, 1, 2 or 3")
+        stage = par.ZeroStage(int(stage))
+    enums = {
+        "precision": par.Precision,
+        "recompute": par.Recompute,
+        "offload": par.Offload,
+        "pp_schedule": par.PipelineSchedule,
+        "pipeline_engine": par.PipelineEngine,
+    }
+    choices = {k: parse_choice(k, flags.pop(k, None), e) for k, e in enums.items()}
+    knob_flags = {k: flags.pop(k) for k in list(flags) if k in _KNOBS and flags[k] is not None}
+    for k, v in knob_flags.items():
+        if not isinstance(v, bool):
+            knob_flags[k] = parse_int(k, v)
+    other = {k: v for k, v in flags.items() if v is not None}
+    if "virtual_stages" in other:
+        other["virtual_stages"] = parse_int("virtual_stages", other["virtual_stages"])
+
+    if ds_config is not None:
+        ds = load_json(ds_config, "ds_config")
+        cfg = from_ds_config(ds, dp=dp, tp=tp, pp=pp)
+        if micro or accum or global_batch:
+            m, a = par.resolve_batch(cfg.dp, micro, accum, global_batch)
+            cfg = replace(cfg, micro_batch=m, grad_accum=a)
+    else:
+        dp = dp or 1
+        m, a = par.resolve_batch(dp, micro, accum, global_batch)
+        cfg = ParallelConfig(dp=dp, tp=tp, pp=pp, micro_batch=m, grad_accum=a)
+    updates: dict[str, Any] = {k: v for k, v in choices.items() if v is not None} | other
+    if stage is not None:
+        updates["zero_stage"] = stage
+    if knob_flags:
+        updates["knobs"] = replace(cfg.knobs, **knob_flags)
+    return replace(cfg, **updates)
+
+
+_KNOBS = set(par.ZeroKnobs.__dataclass_fields__)
+
+
+def check_layout(model: ModelSpec, cfg: ParallelConfig) -> None:
+    """Refuse layouts Megatron cannot build: TP must divide heads, hidden and ffn; PP the
+    layers."""
+    if model.kind is ModelKind.PARAMS_ONLY:
+        return
+    if model.kind is ModelKind.TRANSFORMER:
+        for name, size in (
+            ("heads", model.heads),
+            ("ffn_hidden", model.ffn_hidden),
+            ("kv_heads", model.n_kv_heads),
+        ):
+            require(size % cfg.tp == 0, "tp", cfg.tp, f"a divisor of {name}={size}")
+    else:
+        require(model.hidden % cfg.tp == 0, "tp", cfg.tp, f"a divisor of hidden={model.hidden}")
+    # DeepSpeed's PipelineModule splits uneven layer counts (partition_uniform); Megatron's
+    # interleaved schedule needs every model chunk to hold the same number of layers
+    if cfg.virtual_stages > 1:
+        require(
+            model.layers % (cfg.pp * cfg.virtual_stages) == 0,
+            "pp",
+            cfg.pp,
+            f"pp x virtual_stages dividing layers={model.layers} (interleaved schedule)",
+        )
+    require(model.layers >= cfg.pp, "pp", cfg.pp, f"at most layers={model.layers}")

@@ -1,0 +1,124 @@
+"""Collectives on the flow network: a `Communicator` owns one `FlowNetwork` for a simpy run and
+starts calls and transfers on it, so every collective shares the links with all the others
+(contention between TP, DP and PP traffic comes from the network, not from a formula); plans are
+cached per call. `simulate_s(topology, calls)` runs calls together on a fresh network (CLI,
+calibration, tests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Sequence
+from typing import Any
+
+import numpy as np
+import simpy
+
+from zsim.cluster.topology import Topology
+from zsim.network.collective import Algorithm, CollectiveCall, CollectiveOp, Phase, Plan
+from zsim.network.flows import FlowNetwork
+from zsim.network.plans import plan
+
+
+def run_plan(
+    network: FlowNetwork, chosen: Plan, exact_steps: bool = False
+) -> Generator[simpy.Event, Any, float]:
+    """A simpy process body: the call latency, then each phase (its flows, then the members'
+    local work); returns the elapsed seconds. `exact_steps` runs repeated steps one at a time
+    instead of coalesced (for checking)."""
+    env = network.env
+    start = env.now
+    if chosen.overhead_s > 0:
+        yield env.timeout(chosen.overhead_s)
+    for phase in chosen.phases:
+        if phase.waits_for is not None:
+            yield from _dataflow(network, phase)
+        elif exact_steps:
+            for _ in range(phase.repeat):
+                yield network.start(phase.flows, latency_s=phase.latency_s)
+        else:
+            yield network.start(phase.flows, repeat=phase.repeat, latency_s=phase.latency_s)
+        if phase.local_s > 0:
+            yield env.timeout(phase.local_s)
+    return float(env.now - start)
+
+
+def _dataflow(network: FlowNetwork, phase: Phase) -> Generator[simpy.Event, Any, None]:
+    """Each flow starts once the flows it waits for have ended."""
+    env = network.env
+    ended = [env.event() for _ in phase.flows]
+    waits = phase.waits_for or ()
+
+    def one(i: int) -> Generator[simpy.Event, Any, None]:
+        yield simpy.AllOf(env, [ended[j] for j in waits[i]])
+        yield network.start([phase.flows[i]])
+        ended[i].succeed()
+
+    for i in range(len(phase.flows)):
+        env.process(one(i))
+    yield simpy.AllOf(env, ended)
+
+
+class Communicator:
+    """Collectives and point-to-point transfers on one shared flow network."""
+
+    def __init__(
+        self, env: simpy.Environment, topology: Topology, exact_steps: bool = False
+    ) -> None:
+        self.env = env
+        self.topology = topology
+        self.network = FlowNetwork(env, topology)
+        self.exact_steps = exact_steps
+        self._plans: dict[CollectiveCall, Plan] = {}
+        self._links: dict[CollectiveCall, frozenset[int]] = {}
+
+    def plan(self, call: CollectiveCall) -> Plan:
+        if call not in self._plans:
+            self._plans[call] = plan(self.topology, call)
+        return self._plans[call]
+
+    def run(self, call: CollectiveCall) -> simpy.Process:
+        """Start `call` now; the process's value is its duration in seconds."""
+        return self.env.process(run_plan(self.network, self.plan(call), self.exact_steps))
+
+    def collective(
+        self,
+        op: CollectiveOp,
+        nbytes: float,
+        group: Sequence[int],
+        algorithm: Algorithm = Algorithm.AUTO,
+        root: int = 0,
+    ) -> simpy.Process:
+        return self.run(CollectiveCall(op, nbytes, tuple(group), algorithm, root))
+
+    def transfer(self, src: int, dst: int, nbytes: float) -> simpy.Process:
+        """A point-to-point send (pipeline activations): one send_recv call."""
+        return self.collective(CollectiveOp.SEND_RECV, nbytes, (src, dst))
+
+    def links_of(self, call: CollectiveCall) -> frozenset[int]:
+        """The link capacities `call`'s flows draw on (directed links; a half-duplex pair's
+        two directions are one)."""
+        if call not in self._links:
+            flows = [f for phase in self.plan(call).phases for f in phase.flows]
+            routes = [self.topology.route(f.src, f.dst).links for f in flows]
+            links = self.topology.resource[np.concatenate(routes)].tolist() if routes else []
+            self._links[call] = frozenset(links)
+        return self._links[call]
+
+    def shares_links(
+        self, op: CollectiveOp, group_a: Sequence[int], group_b: Sequence[int]
+    ) -> bool:
+        """Whether `op` on the two groups crosses a common link (then they contend)."""
+        a = self.links_of(CollectiveCall(op, 1.0, tuple(group_a)))
+        b = self.links_of(CollectiveCall(op, 1.0, tuple(group_b)))
+        return not a.isdisjoint(b)
+
+
+def simulate_s(
+    topo: Topology, calls: Sequence[CollectiveCall], exact_steps: bool = False
+) -> list[float]:
+    """Run `calls` together from time 0 on a fresh network; each one's duration in seconds."""
+    env = simpy.Environment()
+    comm = Communicator(env, topo, exact_steps)
+    processes = [comm.run(call) for call in calls]
+    env.run()
+    return [float(p.value or 0.0) for p in processes]

@@ -1,0 +1,242 @@
+"""Turning results into JSON-ready dicts and terminal tables. GB means 1e9 bytes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from zsim.cluster.device import GB, DeviceProfile
+from zsim.memory import MemoryLedger
+from zsim.simulation import Report
+from zsim.workload.model import ModelKind, ModelSpec
+from zsim.workload.parallel import ParallelConfig, ZeroStage
+
+_console = Console(highlight=False)
+
+LEDGER_ROWS = (
+    "parameters",
+    "gradients",
+    "optimizer_states",
+    "model_states",
+    "activations",
+    "comm_buffers",
+    "step_buffers",
+    "device_total",
+    "host_offloaded",
+)
+
+
+def gb(value: float | None) -> float | None:
+    return None if value is None else value / GB
+
+
+def model_summary(model: ModelSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": model.name, "params": model.total_params()}
+    if model.kind is not ModelKind.PARAMS_ONLY:
+        out |= {
+            "layers": model.layers,
+            "hidden": model.hidden,
+            "heads": model.heads,
+            "seq_len": model.seq_len,
+            "vocab": model.vocab,
+        }
+    return out
+
+
+def parallel_summary(cfg: ParallelConfig) -> dict[str, Any]:
+    return {
+        "dp": cfg.dp,
+        "tp": cfg.tp,
+        "pp": cfg.pp,
+        "zero_stage": int(cfg.zero_stage),
+        "micro_batch": cfg.micro_batch,
+        "grad_accum": cfg.grad_accum,
+        "global_batch": cfg.global_batch,
+        "precision": str(cfg.precision),
+        "recompute": str(cfg.recompute),
+        "offload": str(cfg.offload),
+    }
+
+
+def memory_report(
+    model: ModelSpec,
+    cfg: ParallelConfig,
+    device: DeviceProfile,
+    ledgers: Mapping[ZeroStage, tuple[int, MemoryLedger]],
+) -> dict[str, Any]:
+    stages = {}
+    for stage, (pp_stage, ledger) in ledgers.items():
+        row: dict[str, Any] = {f"{k}_GB": gb(v) for k, v in ledger.as_dict().items()}
+        row["pipeline_stage"] = pp_stage
+        row["fits"] = ledger.device_total <= device.usable_bytes
+        stages[str(int(stage))] = row
+    first = next(
+        (
+            int(s)
+            for s, (_, ledger) in ledgers.items()
+            if ledger.device_total <= device.usable_bytes
+        ),
+        None,
+    )
+    parallel = parallel_summary(cfg)
+    parallel.pop("zero_stage")
+    return {
+        "model": model_summary(model),
+        "parallel": parallel,
+        "gpu": {
+            "name": device.name,
+            "memory_GB": gb(device.memory_bytes),
+            "usable_GB": gb(device.usable_bytes),
+        },
+        "stages": stages,
+        "first_stage_that_fits": first,
+    }
+
+
+def print_memory(report: dict[str, Any]) -> None:
+    m, p, g = report["model"], report["parallel"], report["gpu"]
+    _console.print(
+        f"[bold]{m['name']}[/] ({m['params'] / 1e9:.3g}B parameters)  "
+        f"dp={p['dp']} tp={p['tp']} pp={p['pp']}  {p['precision']}  "
+        f"micro-batch {p['micro_batch']} x accum {p['grad_accum']} "
+        f"= global batch {p['global_batch']}  offload {p['offload']}"
+    )
+    table = Table(
+        title=f"Memory per GPU, GB (1e9 bytes); {g['name']}: {g['memory_GB']:.1f} GB, "
+        f"{g['usable_GB']:.1f} usable"
+    )
+    table.add_column("")
+    for stage in report["stages"]:
+        table.add_column("DP" if stage == "0" else f"ZeRO-{stage}", justify="right")
+    for key in LEDGER_ROWS:
+        values = [s[f"{key}_GB"] for s in report["stages"].values()]
+        cells = ["n/a" if v is None else f"{v:,.2f}" for v in values]
+        style = "bold" if key in ("model_states", "device_total") else None
+        table.add_row(key.replace("_", " "), *cells, style=style)
+    table.add_row(
+        "fits", *("yes" if s["fits"] else "[red]no[/]" for s in report["stages"].values())
+    )
+    _console.print(table)
+    first = report["first_stage_that_fits"]
+    offload = "" if p["offload"] == "none" else f" with offload {p['offload']}"
+    if first is None:
+        _console.print(
+            f"No ZeRO stage fits {g['name']}{offload}: shard further (tp/pp), "
+            "recompute activations, or offload."
+        )
+    else:
+        label = "plain DP" if first == 0 else f"ZeRO-{first}"
+        how = offload or " without offload"
+        _console.print(
+            f"First stage that fits {g['name']}{how}: [bold]{label}[/] "
+            f"({report['stages'][str(first)]['device_total_GB']:.2f} GB "
+            f"of {g['usable_GB']:.1f} GB usable)."
+        )
+
+
+def model_row(model: ModelSpec) -> dict[str, Any]:
+    return model_summary(model)
+
+
+def gpu_row(device: DeviceProfile) -> dict[str, Any]:
+    fp16 = device.rates.get("bf16") or device.rates.get("fp16")
+    return {
+        "name": device.name,
+        "memory_GB": round(device.memory_bytes / GB, 1),
+        "peak_16bit_TFLOPS": round(
+            device.peak_flops.get("bf16", device.peak_flops.get("fp16", 0)) / 1e12, 1
+        ),
+        "fitted_gemm_TFLOPS": round(fp16.gemm_flops_per_s / 1e12, 1) if fp16 else None,
+        "fitted_hbm_GBps": round(fp16.memory_bytes_per_s / GB) if fp16 else None,
+        "notes": "; ".join(device.notes),
+    }
+
+
+def print_rows(rows: Sequence[Mapping[str, Any]], title: str) -> None:
+    if not rows:
+        return
+    table = Table(title=title)
+    for key in rows[0]:
+        table.add_column(key)
+    for row in rows:
+        table.add_row(*("" if v is None else str(v) for v in row.values()))
+    _console.print(table)
+
+
+def note(text: str) -> None:
+    _console.print(f"[dim]{text}[/]")
+
+
+def run_report(
+    model: ModelSpec, cfg: ParallelConfig, topology: str, device: DeviceProfile, report: Report
+) -> dict[str, Any]:
+    out = {
+        "model": model_summary(model),
+        "parallel": parallel_summary(cfg),
+        "topology": topology,
+        "device": device.name,
+        **report.as_dict(),
+    }
+    out["memory_GB"] = {k: gb(v) for k, v in report.memory.as_dict().items()}
+    out["usable_memory_GB"] = gb(device.usable_bytes)
+    out["traffic_GB_per_gpu"] = {k: v / GB for k, v in report.traffic_bytes_per_gpu.items()}
+    return out
+
+
+def print_run(r: dict[str, Any]) -> None:
+    m, p = r["model"], r["parallel"]
+    _console.print(
+        f"[bold]{m['name']}[/] ({m['params'] / 1e9:.3g}B) on [bold]{r['topology']}[/] "
+        f"({r['device']}): ZeRO-{p['zero_stage']} dp={p['dp']} tp={p['tp']} pp={p['pp']}, "
+        f"{p['precision']}, micro-batch {p['micro_batch']} x accum {p['grad_accum']} = "
+        f"global batch {p['global_batch']}, recompute {p['recompute']}, offload {p['offload']}"
+    )
+    t = Table(title="One training step (simulated)", show_header=False)
+    t.add_column("")
+    t.add_column("", justify="right")
+    step = r["step_time_s"]
+    rows = [
+        ("step time", f"{step * 1e3:,.2f} ms"),
+        ("throughput", f"{r['samples_per_s']:,.2f} samples/s, {r['tokens_per_s']:,.0f} tokens/s"),
+        (
+            "model TFLOP/s per GPU",
+            f"{r['model_tflops_per_gpu']:,.1f} (MFU {r['mfu']:.1%}, HFU {r['hfu']:.1%})",
+        ),
+        ("compute", f"{r['compute_s'] * 1e3:,.2f} ms ({r['compute_s'] / step:.0%})"),
+        (
+            "exposed communication",
+            f"{r['exposed_comm_s'] * 1e3:,.2f} ms ({r['exposed_comm_s'] / step:.0%})",
+        ),
+        (
+            "idle (pipeline bubble, waits)",
+            f"{r['bubble_s'] * 1e3:,.2f} ms ({r['bubble_s'] / step:.0%})",
+        ),
+    ]
+    for key, value in sorted(r["traffic_GB_per_gpu"].items()):
+        rows.append((f"sent per GPU: {key}", f"{value:,.3f} GB"))
+    for row in rows:
+        t.add_row(*row)
+    _console.print(t)
+    mem = r["memory_GB"]
+    lines = ", ".join(
+        f"{k.replace('_', ' ')} {mem[k]:,.2f}"
+        for k in (
+            "parameters",
+            "gradients",
+            "optimizer_states",
+            "activations",
+            "comm_buffers",
+            "step_buffers",
+        )
+        if mem.get(k) is not None
+    )
+    verdict = "fits" if r["fits"] else "[red bold]does NOT fit (OOM)[/]"
+    _console.print(
+        f"Memory per GPU (pipeline stage {r['memory_pipeline_stage']}), GB: {lines}; "
+        f"total [bold]{mem['device_total']:,.2f}[/] of {r['usable_memory_GB']:,.1f} "
+        f"usable: {verdict}"
+        + (f"; {mem['host_offloaded']:,.2f} GB on the host" if mem["host_offloaded"] else "")
+    )

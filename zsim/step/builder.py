@@ -1,0 +1,107 @@
+"""The program of one training step on one pipeline rank, with DeepSpeed's and Megatron's
+semantics: the parts of the step, each a module of its own, put together in issue order.
+
+- `pipeline`: the order of forwards and backwards, and the sends between stages;
+- `kernels` (with `tensor_parallel`): each layer's compute, split at Megatron's TP collectives;
+- `zero3`: the parameter gathers of DeepSpeed's ZeRO-3 coordinator, before a module's use;
+- `zero_reduce`: the gradient reductions of ZeRO stages 0-3, in the hooks or at the boundary;
+- `optimizer`: the gradient norm, the Adam step (or offloaded), the post-step gathers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from functools import partial
+
+from zsim.cluster.device import DeviceProfile
+from zsim.step.job import StageJob
+from zsim.step.kernels import LayerKernels
+from zsim.step.optimizer import grad_norm, optimizer_step, post_step_gather
+from zsim.step.pipeline import (
+    Work,
+    accumulates_in_fp32,
+    deepspeed_schedule,
+    megatron_schedule,
+    tied_embedding_reduce,
+)
+from zsim.step.program import Comm, Program, ProgramWriter, Task
+from zsim.step.zero3 import ParameterGathers
+from zsim.step.zero_reduce import GradientReducer
+from zsim.workload.model import ModelSpec
+from zsim.workload.parallel import ParallelConfig, PipelineEngine, ZeroStage
+
+
+class _Passes:
+    """One forward or backward of one model chunk, with ZeRO's hooks and gathers inside."""
+
+    def __init__(
+        self, job: StageJob, writer: ProgramWriter, tp_time: Callable[[Comm], float] | None
+    ) -> None:
+        self.job = job
+        self.writer = writer
+        self.kernels = LayerKernels(job, tp_time)
+        self.reducer = GradientReducer(job, writer)
+        self.gathers = ParameterGathers(job, writer)
+
+    def run(self, work: Work, deps: list[Task], tag: str) -> Task:
+        cfg, writer = self.job.cfg, self.writer
+        layers = self.job.chunks[work.chunk]
+        zero3 = cfg.zero_stage is ZeroStage.PARAMETERS
+        if work.forward and zero3:
+            self.gathers.start(layers)  # ZeRO-3 runs without pipelining: F then B per micro-step
+        boundary = work.micro_batch == cfg.grad_accum - 1
+        hooks = not work.forward and self.reducer.start_backward(boundary)
+        order = layers if work.forward else tuple(reversed(layers))
+        done = deps
+        if self.kernels.can_fuse and not hooks and not zero3:
+            done = [self.kernels.fused_pass(writer, order, work.forward, done, tag)]
+        else:
+            for layer in order:
+                gather = partial(self.gathers.use, layer, tag=f"{tag}.{layer.name}")
+                task = self.kernels.layer_pass(
+                    writer, layer, work.forward, done, f"{tag}.{layer.name}", gather
+                )
+                if hooks:
+                    self.reducer.grads_ready(layer, task)
+                done = [task]
+        if hooks:
+            self.reducer.flush()  # the backward epilogue reduces what is left in the bucket
+        if not work.forward and accumulates_in_fp32(cfg):
+            nbytes = 5 * self.job.params()
+            done = [writer.memory_pass("fp32_grad_accumulate", nbytes, done)]
+        return done[0]
+
+
+def build_program(
+    model: ModelSpec,
+    cfg: ParallelConfig,
+    device: DeviceProfile,
+    stage: int,
+    gloo: bool = False,
+    tp_time: Callable[[Comm], float] | None = None,
+) -> Program:
+    """The program of every rank of pipeline stage `stage` (they are identical).
+
+    `gloo`: the CPU backend, where DeepSpeed's streams are no-ops and its calls block.
+    `tp_time`: when tensor-parallel collectives take a fixed time (their links carry nothing
+    else), passes without other communication are fused into one task each.
+    """
+    job = StageJob.of(model, cfg, device, stage, gloo)
+    writer = ProgramWriter(stage, device, job.dtype, gloo)
+    passes = _Passes(job, writer, tp_time)
+    if cfg.pp > 1 and cfg.pipeline_engine is PipelineEngine.DEEPSPEED:
+        ready = deepspeed_schedule(job, writer, passes.run)
+    else:
+        ready = megatron_schedule(job, writer, passes.run)
+    deps = [t for k, t in ready.items() if k.startswith("B")]
+    deps += passes.reducer.pending()
+    deps = tied_embedding_reduce(job, writer, deps)
+    deps = passes.reducer.boundary_reduce(deps)
+    deps = grad_norm(job, writer, deps)
+    deps = optimizer_step(job, writer, deps)
+    post_step_gather(job, writer, deps)
+    return writer.program
+
+
+def iter_comm(program: Program) -> Iterator[Task]:
+    return (t for t in program.tasks if t.comm is not None)

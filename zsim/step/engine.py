@@ -1,0 +1,350 @@
+"""Runs the programs of a step on simpy: one process per stream of every simulated rank.
+
+Ranks that are symmetric (every data- and tensor-parallel peer of a pipeline stage) run the
+same program, so by default only one rank per pipeline stage is simulated. Its collectives
+still put every member's flows on the network, and so do the replica groups (the same
+collective in the other TP/DP groups) whose routes share a link with it, so contention is
+what the full cluster would see. `full=True` simulates every rank: collectives then start
+when all members have reached them.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import simpy
+
+from zsim.cluster.grid import GroupKind, RankGrid
+from zsim.network.collective import CollectiveCall, CollectiveOp
+from zsim.network.communicator import Communicator
+from zsim.step.program import Category, Comm, Group, Part, Program, Stream, Task
+
+
+class Span(NamedTuple):
+    """One task's execution on one rank."""
+
+    rank: int
+    stream: Stream
+    name: str
+    category: str
+    start_s: float
+    end_s: float
+    nbytes: float = 0.0
+
+
+@dataclass
+class _Rendezvous:
+    arrived: int = 0
+    done: simpy.Event | None = None
+
+
+@dataclass
+class EngineResult:
+    spans: list[Span]
+    end_s: float
+    simulated_ranks: tuple[int, ...]
+    traffic_bytes: dict[str, float] = field(default_factory=dict)  # sent, by category, per rank
+
+
+class Engine:
+    def __init__(
+        self,
+        programs: Sequence[Program],
+        grid: RankGrid,
+        comms: Communicator,
+        full: bool = False,
+        virtual_stages: int = 1,
+    ) -> None:
+        self.env = comms.env
+        self.comms = comms
+        self.grid = grid
+        self.v = virtual_stages
+        self.full = full
+        self.spans: list[Span] = []
+        self.ranks = self._simulated_ranks()
+        self.simulated = set(self.ranks)
+        self.done: dict[tuple[int, int], simpy.Event] = {}
+        self.pending: dict[tuple[object, ...], _Rendezvous] = {}
+        self.arrivals: dict[tuple[int, str], simpy.Event] = {}
+        self.calls: dict[tuple[int, Group, Stream], itertools.count[int]] = {}
+        self.traffic: dict[str, float] = {}
+        self.coord = {
+            grid.rank(d, p, t): (d, p, t)
+            for d, p, t in itertools.product(range(grid.dp), range(grid.pp), range(grid.tp))
+        }
+        self._replicas: dict[tuple[int, Group], list[tuple[int, ...]]] = {}
+        self._groups: dict[tuple[int, Group], tuple[int, ...]] = {}
+        self._parts_traffic: dict[
+            tuple[int, int], tuple[tuple[Part, ...], dict[Category, float]]
+        ] = {}
+        self._sent: dict[tuple[CollectiveCall, tuple[int, ...]], float] = {}
+        self._contending: dict[tuple[tuple[int, ...], CollectiveOp], list[tuple[int, ...]]] = {}
+        self.programs = programs
+        self._sends: dict[tuple[int, int], list[tuple[int, int]]] = {}
+
+    def _simulated_ranks(self) -> tuple[int, ...]:
+        g = self.grid
+        if self.full:
+            return tuple(range(g.world_size))
+        return tuple(g.rank(0, s, 0) for s in range(g.pp))
+
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        """(dp_i, pp_i, tp_i) of a rank."""
+        return self.coord[rank]
+
+    # ---- groups ----
+
+    def group_of(self, rank: int, group: Group) -> tuple[int, ...]:
+        key = (rank, group)
+        if key not in self._groups:
+            self._groups[key] = self._members(rank, group)
+        return self._groups[key]
+
+    def _members(self, rank: int, group: Group) -> tuple[int, ...]:
+        dp_i, pp_i, tp_i = self.coords(rank)
+        g = self.grid
+        if group is Group.TP:
+            return tuple(g.rank(dp_i, pp_i, t) for t in range(g.tp))
+        if group is Group.DP:
+            return tuple(g.rank(d, pp_i, tp_i) for d in range(g.dp))
+        if group is Group.EMBEDDING:
+            return (g.rank(dp_i, 0, tp_i), g.rank(dp_i, g.pp - 1, tp_i))
+        return tuple(g.rank(dp_i, p, tp_i) for p in range(g.pp))
+
+    def replicas(self, rank: int, group: Group) -> list[tuple[int, ...]]:
+        """The same collective in the groups of the ranks not simulated (symmetric mode)."""
+        if self.full:
+            return []
+        if (rank, group) not in self._replicas:
+            self._replicas[(rank, group)] = self._find_replicas(rank, group)
+        return self._replicas[(rank, group)]
+
+    def contending_replicas(self, members: tuple[int, ...], comm: Comm) -> list[tuple[int, ...]]:
+        """Replica groups whose flows would share a link with this collective's."""
+        key = (members, comm.op)
+        if key not in self._contending:
+            self._contending[key] = [
+                grp
+                for grp in self.replicas(members[0], comm.group)
+                if self.comms.shares_links(comm.op, members, grp)
+            ]
+        return self._contending[key]
+
+    def _find_replicas(self, rank: int, group: Group) -> list[tuple[int, ...]]:
+        _, pp_i, _ = self.coords(rank)
+        kind = {Group.TP: GroupKind.TP, Group.DP: GroupKind.DP}.get(group)
+        mine = self.group_of(rank, group)
+        if kind is None:  # embedding groups: one per (dp, tp) pair
+            pairs = itertools.product(range(self.grid.dp), range(self.grid.tp))
+            others: list[tuple[int, ...]] = [
+                (self.grid.rank(d, 0, t), self.grid.rank(d, self.grid.pp - 1, t)) for d, t in pairs
+            ]
+        else:
+            others = [grp for grp in self.grid.groups(kind) if self.coords(grp[0])[1] == pp_i]
+        return [grp for grp in others if grp != mine]
+
+    # ---- running ----
+
+    def run(self) -> EngineResult:
+        for rank in self.ranks:
+            program = self.programs[self.coords(rank)[1]]
+            for task in program.tasks:
+                self.done[(rank, task.index)] = self.env.event()
+            streams: dict[Stream, list[Task]] = {}
+            for task in program.tasks:
+                if task.receives:
+                    self.env.process(self.receive(rank, task))
+                else:
+                    streams.setdefault(task.stream, []).append(task)
+            for tasks in streams.values():
+                self.env.process(self.stream(rank, tasks))
+        self.env.run()
+        unfinished = [k for k, e in self.done.items() if not e.triggered]
+        if unfinished:
+            raise RuntimeError(f"deadlock: {len(unfinished)} tasks never ran, e.g. {unfinished[0]}")
+        per_rank = {k: v / len(self.ranks) for k, v in self.traffic.items()}
+        return EngineResult(self.spans, self.env.now, self.ranks, per_rank)
+
+    def stream(self, rank: int, tasks: list[Task]) -> Generator[simpy.Event, None, None]:
+        """One stream of one rank: its tasks in issue order, each after its dependencies."""
+        for task in tasks:
+            deps = [self.done[(rank, d.index)] for d in task.deps]
+            if deps:
+                yield self.env.all_of(deps)
+            start = self.env.now
+            if task.comm is None:
+                yield self.env.timeout(task.duration_s)
+            else:
+                yield self.communicate(rank, task)
+            if task.parts:
+                self.record_parts(rank, task, start)
+            else:
+                self.record(rank, task, start)
+            self.done[(rank, task.index)].succeed()
+
+    def record_parts(self, rank: int, task: Task, start: float) -> None:
+        """A fused task: one span per part; its collectives' traffic is booked here."""
+        for category, nbytes in self.parts_traffic(rank, task.parts).items():
+            self.traffic[category] = self.traffic.get(category, 0.0) + nbytes
+        for part in task.parts:
+            begin = start + part.start_s
+            self.spans.append(
+                Span(
+                    rank,
+                    task.stream,
+                    part.name,
+                    str(part.category),
+                    begin,
+                    begin + part.duration_s,
+                    part.comm.nbytes if part.comm is not None else 0.0,
+                )
+            )
+
+    def parts_traffic(self, rank: int, parts: tuple[Part, ...]) -> dict[Category, float]:
+        """Bytes `rank` sends by category in a fused pass; the builder shares one parts tuple
+        among the micro-batches of a pass, so this is worked out once per pass and rank."""
+        key = (rank, id(parts))
+        if key not in self._parts_traffic:
+            sent: dict[Category, float] = {}
+            for part in parts:
+                if part.comm is not None:
+                    members = self.group_of(rank, part.comm.group)
+                    op, nbytes, root = part.comm.op, part.comm.nbytes, part.comm.root
+                    call = CollectiveCall(op, nbytes, members, root=root)
+                    sent[part.category] = sent.get(part.category, 0.0) + self.sent_bytes(
+                        call, (rank,)
+                    )
+            self._parts_traffic[key] = (parts, sent)  # holding `parts` keeps its id unique
+        return self._parts_traffic[key][1]
+
+    def record(self, rank: int, task: Task, start: float) -> None:
+        nbytes = task.comm.nbytes if task.comm else 0.0
+        self.spans.append(
+            Span(rank, task.stream, task.name, str(task.category), start, self.env.now, nbytes)
+        )
+
+    def receive(self, rank: int, task: Task) -> Generator[simpy.Event, None, None]:
+        assert task.comm is not None  # recv tasks always carry their comm
+        start = self.env.now
+        yield self.arrival(rank, task.comm.tag)
+        self.record(rank, task, start)
+        self.done[(rank, task.index)].succeed()
+
+    def arrival(self, rank: int, tag: str) -> simpy.Event:
+        key = (rank, tag)
+        if key not in self.arrivals:
+            self.arrivals[key] = self.env.event()
+        return self.arrivals[key]
+
+    def communicate(self, rank: int, task: Task) -> simpy.Event:
+        comm = task.comm
+        assert comm is not None
+        if comm.op is CollectiveOp.SEND_RECV:
+            return self.send(rank, task)
+        members = self.group_of(rank, comm.group)
+        counter = self.calls.setdefault((rank, comm.group, task.stream), itertools.count())
+        key = (comm.group, members, task.stream, next(counter))
+        meeting = self.pending.setdefault(key, _Rendezvous(done=self.env.event()))
+        meeting.arrived += 1
+        assert meeting.done is not None
+        expected = sum(1 for r in members if r in self.simulated)
+        if meeting.arrived == expected:
+            del self.pending[key]
+            self.env.process(self.launch(task, comm, members, meeting.done))
+        return meeting.done
+
+    def launch(
+        self, task: Task, comm: Comm, members: tuple[int, ...], done: simpy.Event
+    ) -> Generator[simpy.Event, None, None]:
+        call = CollectiveCall(comm.op, comm.nbytes, members, root=comm.root)
+        self.book(call, task.category, members)
+        first = self.comms.run(call)
+        for group in self.contending_replicas(members, comm):
+            self.comms.collective(comm.op, comm.nbytes, group, root=comm.root)
+        yield first
+        done.succeed()
+
+    def book(self, call: CollectiveCall, category: Category, senders: Sequence[int]) -> None:
+        """Count the bytes the simulated ranks among `senders` put on the network."""
+        sent = self.sent_bytes(call, senders)
+        self.traffic[category] = self.traffic.get(category, 0.0) + sent
+
+    def sent_bytes(self, call: CollectiveCall, senders: Sequence[int]) -> float:
+        key = (call, tuple(senders))
+        if key not in self._sent:
+            simulated = set(senders) & self.simulated
+            self._sent[key] = sum(
+                f.nbytes * phase.repeat
+                for phase in self.comms.plan(call).phases
+                for f in phase.flows
+                if f.src in simulated
+            )
+        return self._sent[key]
+
+    def send_replicas(self, rank: int, offset: int) -> list[tuple[int, int]]:
+        """The other (dp, tp) replicas' sends of the same activation, where they share links."""
+        if self.full:
+            return []
+        key = (rank, offset)
+        if key not in self._sends:
+            dp_i, pp_i, tp_i = self.coords(rank)
+            mine = (rank, self.peer(rank, offset))
+            sources = [
+                self.grid.rank(d, pp_i, t)
+                for d, t in itertools.product(range(self.grid.dp), range(self.grid.tp))
+                if (d, t) != (dp_i, tp_i)
+            ]
+            pairs = [(src, self.peer(src, offset)) for src in sources]
+            op = CollectiveOp.SEND_RECV
+            self._sends[key] = [p for p in pairs if self.comms.shares_links(op, mine, p)]
+        return self._sends[key]
+
+    def peer(self, rank: int, offset: int) -> int:
+        dp_i, pp_i, tp_i = self.coords(rank)
+        return self.grid.rank(dp_i, (pp_i + offset) % self.grid.pp, tp_i)
+
+    def send(self, rank: int, task: Task) -> simpy.Event:
+        comm = task.comm
+        assert comm is not None
+        dst = self.peer(rank, comm.peer)
+        call = CollectiveCall(CollectiveOp.SEND_RECV, comm.nbytes, (rank, dst))
+        self.book(call, task.category, (rank,))
+        transfer = self.comms.run(call)
+        for src, peer in self.send_replicas(rank, comm.peer):
+            self.comms.transfer(src, peer, comm.nbytes)
+        arrival = self.arrival(dst, comm.tag)
+        transfer.callbacks.append(lambda _: _trigger(arrival))
+        return transfer
+
+
+def _trigger(event: simpy.Event) -> None:
+    event.succeed()
+
+
+def tp_fixed_time(grid: RankGrid, comms: Communicator) -> Callable[[Comm], float] | None:
+    """Closed-form times for tensor-parallel collectives, when TP groups use links that no
+    other TP group and no DP/PP traffic uses (then the closed form equals their flow
+    simulation on an uncontended ring); None when they contend."""
+    if grid.tp == 1:
+        return None
+    op = CollectiveOp.ALL_REDUCE
+    tp_groups = grid.groups(GroupKind.TP)
+    seen: set[int] = set()
+    for group in tp_groups:
+        links = comms.links_of(CollectiveCall(op, 1.0, group))
+        if not seen.isdisjoint(links):
+            return None
+        seen |= links
+    others = [
+        grp for kind in (GroupKind.DP, GroupKind.PP) for grp in grid.groups(kind) if len(grp) > 1
+    ]
+    if any(not seen.isdisjoint(comms.links_of(CollectiveCall(op, 1.0, grp))) for grp in others):
+        return None
+
+    def seconds(comm: Comm) -> float:
+        return comms.plan(CollectiveCall(comm.op, comm.nbytes, tp_groups[0])).closed_form_s
+
+    return seconds

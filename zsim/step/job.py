@@ -1,0 +1,60 @@
+"""What every part of one rank's step reads: the job as one rank of a pipeline stage sees it.
+
+Immutable; the parts that keep state while the program is written (the gradient buckets, the
+ZeRO-3 gathers in flight, the kernel timings) hold it themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zsim.cluster.device import DeviceProfile
+from zsim.workload.layout import rank_chunks
+from zsim.workload.model import Layer, ModelSpec, ParamTensor
+from zsim.workload.parallel import ParallelConfig
+from zsim.workload.shapes import Shard, layer_input_bytes
+
+
+@dataclass(frozen=True)
+class StageJob:
+    """One rank of pipeline stage `stage`: its model chunks (virtual stages c * pp + stage).
+
+    `gloo`: the CPU backend, where DeepSpeed's streams are no-ops and its calls block.
+    """
+
+    model: ModelSpec
+    cfg: ParallelConfig
+    device: DeviceProfile
+    stage: int
+    gloo: bool
+    chunks: tuple[tuple[Layer, ...], ...]
+
+    @classmethod
+    def of(
+        cls, model: ModelSpec, cfg: ParallelConfig, device: DeviceProfile, stage: int, gloo: bool
+    ) -> StageJob:
+        return cls(model, cfg, device, stage, gloo, tuple(rank_chunks(model, cfg, stage)))
+
+    @property
+    def dtype(self) -> str:
+        return str(self.cfg.precision)
+
+    @property
+    def element_bytes(self) -> int:
+        return self.cfg.precision.bytes
+
+    def tensors(self) -> list[ParamTensor]:
+        """The rank's parameter tensors in forward order."""
+        return [t for chunk in self.chunks for x in chunk for t in x.tensors]
+
+    def params(self) -> int:
+        """Parameters this rank holds (its TP slice of its stage's layers)."""
+        return sum(x.params(self.cfg.tp) for chunk in self.chunks for x in chunk)
+
+    def padded(self, numel: float) -> float:
+        """A gather's output: each rank's shard is ceil(n / dp) elements."""
+        return -(-numel // self.cfg.dp) * self.cfg.dp
+
+    def activation_bytes(self) -> float:
+        """A pipeline message: one layer's input for one micro-batch."""
+        return layer_input_bytes(self.model, Shard.of(self.cfg))

@@ -1,0 +1,185 @@
+"""Pipelines: the order of a rank's forwards and backwards, and the sends and receives between
+stages, as Megatron's schedules (GPipe, 1F1B, interleaved 1F1B; asynchronous p2p) and DeepSpeed's
+PipelineEngine (its TrainSchedule; blocking p2p) run them. Without pipelining, the order is
+plain gradient accumulation.
+
+A schedule calls `run_pass(work, deps, tag)` for each forward or backward and returns the task
+of each pass by tag (`F3c0`: forward of micro-batch 3 on chunk 0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+
+from zsim.network.collective import CollectiveOp
+from zsim.step.job import StageJob
+from zsim.step.program import Category, Comm, Group, ProgramWriter, Stream, Task
+from zsim.workload.parallel import (
+    ParallelConfig,
+    PipelineEngine,
+    PipelineSchedule,
+    Precision,
+)
+
+
+@dataclass(frozen=True)
+class Work:
+    """One forward or backward of one micro-batch on one model chunk."""
+
+    forward: bool
+    micro_batch: int
+    chunk: int
+
+
+def pipeline_order(cfg: ParallelConfig, stage: int) -> list[Work]:
+    """The forward/backward order of one pipeline rank.
+
+    GPipe: all forwards, then all backwards. 1F1B (PipeDream-Flush, Narayanan et al. 2021):
+    p - s - 1 warm-up forwards, then one forward and one backward in turn, then cool-down
+    backwards. Interleaved 1F1B follows Megatron's
+    `forward_backward_pipelining_with_interleaving`: (p - s - 1) * 2 + (v - 1) * p warm-up
+    forwards over virtual micro-batches, model chunk k // p % v (reversed for backward).
+    """
+    p, m, v = cfg.pp, cfg.grad_accum, cfg.virtual_stages
+    if p == 1:  # gradient accumulation: one micro-batch after the other
+        return [Work(f, i, 0) for i in range(m) for f in (True, False)]
+    if cfg.pp_schedule is PipelineSchedule.GPIPE:
+        return [Work(True, i, 0) for i in range(m)] + [Work(False, i, 0) for i in range(m)]
+    total = m * v
+
+    def unit(k: int, forward: bool) -> Work:
+        chunk = k // p % v
+        group = k // (p * v)
+        return Work(forward, group * p + k % p, chunk if forward else v - 1 - chunk)
+
+    warmup = min(total, (p - stage - 1) * (2 if v > 1 else 1) + (v - 1) * p)
+    order = [unit(k, True) for k in range(warmup)]
+    for k in range(total - warmup):
+        order += [unit(warmup + k, True), unit(k, False)]
+    order += [unit(k, False) for k in range(total - warmup, total)]
+    return order
+
+
+class PipeCommand(StrEnum):
+    SEND_ACTIVATION = "send_activation"
+    RECV_ACTIVATION = "recv_activation"
+    SEND_GRAD = "send_grad"
+    RECV_GRAD = "recv_grad"
+    FORWARD = "forward"
+    BACKWARD = "backward"
+
+
+def deepspeed_train_commands(p: int, m: int, stage: int) -> list[tuple[PipeCommand, int]]:
+    """DeepSpeed's `TrainSchedule.steps` (deepspeed/runtime/pipe/schedule.py), flattened:
+    2(m + p - 1) lock-step steps; even stages run forwards on even steps, odd stages on odd
+    ones; each step first exchanges the previous step's output, then computes."""
+
+    def micro_batch(step: int) -> tuple[int, bool]:
+        forward = (step % 2) == (stage % 2)
+        if forward:
+            return (step - stage % 2) // 2 - stage // 2, True
+        if step % 2 == 0:  # even step on an odd stage
+            return step // 2 - p + (stage + 1) // 2, False
+        return (step - 1) // 2 - p + 1 + stage // 2, False
+
+    def valid(mb: int) -> bool:
+        return 0 <= mb < m
+
+    out: list[tuple[PipeCommand, int]] = []
+    previous = -1
+    for step in range(2 * (m + p - 1)):
+        mb, forward = micro_batch(step)
+        if forward:
+            if valid(previous) and stage > 0:
+                out.append((PipeCommand.SEND_GRAD, previous))
+            if valid(mb) and stage > 0:
+                out.append((PipeCommand.RECV_ACTIVATION, mb))
+        else:
+            if valid(mb) and stage < p - 1:
+                out.append((PipeCommand.RECV_GRAD, mb))
+            if valid(previous) and stage < p - 1:
+                out.append((PipeCommand.SEND_ACTIVATION, previous))
+        if valid(mb):
+            out.append((PipeCommand.FORWARD if forward else PipeCommand.BACKWARD, mb))
+        previous = mb
+    return out
+
+
+RunPass = Callable[[Work, list[Task], str], Task]
+
+
+def _tag(work: Work) -> str:
+    return f"{'F' if work.forward else 'B'}{work.micro_batch}c{work.chunk}"
+
+
+def megatron_schedule(job: StageJob, writer: ProgramWriter, run_pass: RunPass) -> dict[str, Task]:
+    """Megatron's pipeline steps in `pipeline_order`: receive, compute, then send
+    asynchronously (its batched isend/irecv run beside compute)."""
+    p, v, act = job.cfg.pp, job.cfg.virtual_stages, job.activation_bytes()
+    ready: dict[str, Task] = {}
+    for work in pipeline_order(job.cfg, job.stage):
+        virtual = work.chunk * p + job.stage
+        tag = _tag(work)
+        deps: list[Task] = []
+        first, last = virtual == 0, virtual == p * v - 1
+        if work.forward and not first:
+            deps.append(writer.recv(f"act{work.micro_batch}v{virtual}", act, -1))
+        if not work.forward:
+            deps.append(ready[f"F{work.micro_batch}c{work.chunk}"])
+            if not last:
+                deps.append(writer.recv(f"grad{work.micro_batch}v{virtual}", act, +1))
+        done = run_pass(work, deps, tag)
+        ready[tag] = done
+        if work.forward and not last:
+            writer.send(f"act{work.micro_batch}v{virtual + 1}", act, +1, [done], Stream.P2P)
+        if not work.forward and not first:
+            writer.send(f"grad{work.micro_batch}v{virtual - 1}", act, -1, [done], Stream.P2P)
+    return ready
+
+
+def deepspeed_schedule(job: StageJob, writer: ProgramWriter, run_pass: RunPass) -> dict[str, Task]:
+    """DeepSpeed's PipelineEngine: the instructions of its TrainSchedule, run one after
+    the other; its p2p sends block (`p2p.send`: dist.send / broadcast, async_op=False)."""
+    act, s = job.activation_bytes(), job.stage
+    ready: dict[str, Task] = {}
+    cursor: list[Task] = []
+    for command, mb in deepspeed_train_commands(job.cfg.pp, job.cfg.grad_accum, s):
+        if command is PipeCommand.RECV_ACTIVATION:
+            cursor = [*cursor, writer.recv(f"act{mb}v{s}", act, -1)]
+        elif command is PipeCommand.RECV_GRAD:
+            cursor = [*cursor, writer.recv(f"grad{mb}v{s}", act, +1)]
+        elif command is PipeCommand.SEND_ACTIVATION:
+            cursor = [writer.send(f"act{mb}v{s + 1}", act, +1, cursor, Stream.COMPUTE)]
+        elif command is PipeCommand.SEND_GRAD:
+            cursor = [writer.send(f"grad{mb}v{s - 1}", act, -1, cursor, Stream.COMPUTE)]
+        else:
+            work = Work(command is PipeCommand.FORWARD, mb, 0)
+            tag = _tag(work)
+            deps = cursor if work.forward else [*cursor, ready[f"F{mb}c0"]]
+            cursor = [run_pass(work, deps, tag)]
+            ready[tag] = cursor[0]
+    return ready
+
+
+def accumulates_in_fp32(cfg: ParallelConfig) -> bool:
+    """DeepSpeed's pipeline engine with bf16 trains through BF16_Optimizer, which adds
+    every micro-batch's bf16 gradients into fp32 ones (`_update_hp_grad`): read 2 + 4,
+    write 4 bytes per parameter of the stage."""
+    return (
+        cfg.pp > 1
+        and cfg.pipeline_engine is PipelineEngine.DEEPSPEED
+        and cfg.precision is Precision.BF16
+    )
+
+
+def tied_embedding_reduce(job: StageJob, writer: ProgramWriter, deps: list[Task]) -> list[Task]:
+    """Megatron all-reduces the tied word embedding's gradient between the first and last
+    pipeline stage before the optimizer step."""
+    m, cfg = job.model, job.cfg
+    if cfg.pp == 1 or not m.tied_embeddings or job.stage not in (0, cfg.pp - 1):
+        return deps
+    numel = -(-m.vocab // cfg.tp) * m.hidden
+    comm = Comm(CollectiveOp.ALL_REDUCE, numel * job.element_bytes, Group.EMBEDDING)
+    return [writer.comm("tied_embedding_allreduce", comm, Category.GRAD_REDUCE, deps)]

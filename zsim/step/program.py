@@ -1,0 +1,226 @@
+"""The program of one rank: the tasks it issues, in issue order, each on a stream.
+
+Tasks of one stream run one after another, as on a CUDA stream, once their dependencies are
+done. A task is either compute (a duration from the device profile) or communication (a
+collective over a process group, or a pipeline send/recv), which the engine runs on the flow
+network. A `ProgramWriter` is how the step's parts add tasks; a `PartTimer` times work of fixed
+durations as streams would run it, for passes fused into one task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import NamedTuple, Protocol, TypeVar
+
+from zsim.cluster.device import DeviceProfile
+from zsim.network.collective import CollectiveOp
+
+
+class Stream(StrEnum):
+    COMPUTE = "compute"
+    REDUCE = "reduce"  # DeepSpeed's reduction stream (overlap_comm)
+    GATHER = "gather"  # ZeRO-3 parameter all-gathers (prefetch)
+    TP = "tp"  # Megatron's async input-gradient all-reduce, overlapped with wgrad
+    P2P = "p2p"  # pipeline sends
+    PCIE = "pcie"  # offload copies
+    HOST = "host"  # the optimizer step on the CPU (offload)
+
+
+class Category(StrEnum):
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    RECOMPUTE = "recompute"
+    OPTIMIZER = "optimizer"
+    TP_COMM = "tp_comm"
+    GRAD_REDUCE = "grad_reduce"
+    PARAM_GATHER = "param_gather"
+    PP_COMM = "pp_comm"
+    OFFLOAD = "offload"
+
+
+class Group(StrEnum):
+    """Which process group of the rank a collective runs in."""
+
+    TP = "tp"
+    DP = "dp"
+    PP = "pp"  # send/recv to the neighbouring stage
+    EMBEDDING = "embedding"  # first and last pipeline stage (tied embedding gradients)
+
+
+@dataclass(frozen=True)
+class Comm:
+    """A communication call. `nbytes` follows nccl-tests: the full buffer for all-reduce,
+    the output of all-gather, the input of reduce-scatter, the message of a send."""
+
+    op: CollectiveOp
+    nbytes: float
+    group: Group
+    peer: int = 0  # send/recv: +1 to the next virtual stage, -1 to the previous
+    tag: str = ""  # matches a send with its receive
+    root: int = 0  # reduce: the owner (index in the group)
+
+
+class Part(NamedTuple):
+    """A piece of a fused task: what ran, on which stream, from `start_s` after it began.
+    (A NamedTuple: a 175B step has hundreds of thousands of them.)"""
+
+    name: str
+    category: Category
+    stream: Stream
+    start_s: float
+    duration_s: float
+    comm: Comm | None = None
+
+
+@dataclass(eq=False)
+class Task:
+    name: str
+    stream: Stream
+    category: Category
+    duration_s: float = 0.0
+    comm: Comm | None = None
+    deps: list[Task] = field(default_factory=list)
+    receives: bool = False  # a recv: completes when the matching send's data has arrived
+    index: int = 0
+    parts: tuple[Part, ...] = ()  # set when consecutive fixed-time tasks were fused
+
+    def __repr__(self) -> str:
+        return f"Task({self.index}:{self.name})"
+
+
+@dataclass
+class Program:
+    """The tasks of one rank of one pipeline stage, in issue order."""
+
+    stage: int
+    tasks: list[Task] = field(default_factory=list)
+
+    def add(self, task: Task) -> Task:
+        task.index = len(self.tasks)
+        self.tasks.append(task)
+        return task
+
+
+# ---- emitting work: as tasks, or as timed parts of one fused task ---------------------------
+
+H = TypeVar("H")
+
+
+class Emitter(Protocol[H]):
+    def compute(
+        self,
+        name: str,
+        seconds: float,
+        category: Category,
+        deps: Sequence[H],
+        stream: Stream = Stream.COMPUTE,
+    ) -> H: ...
+
+    def comm(
+        self,
+        name: str,
+        comm: Comm,
+        category: Category,
+        deps: Sequence[H],
+        stream: Stream = Stream.COMPUTE,
+    ) -> H: ...
+
+
+class PartTimer:
+    """Times work with fixed durations as streams would run it; handles are end times."""
+
+    def __init__(self, comm_time: Callable[[Comm], float]) -> None:
+        self.comm_time = comm_time
+        self.parts: list[Part] = []
+        self.free: dict[Stream, float] = {}
+
+    def compute(
+        self,
+        name: str,
+        seconds: float,
+        category: Category,
+        deps: Sequence[float],
+        stream: Stream = Stream.COMPUTE,
+        comm: Comm | None = None,
+    ) -> float:
+        start = max([self.free.get(stream, 0.0), *deps])
+        self.free[stream] = start + seconds
+        if seconds > 0:
+            self.parts.append(Part(name, category, stream, start, seconds, comm))
+        return start + seconds
+
+    def comm(
+        self,
+        name: str,
+        comm: Comm,
+        category: Category,
+        deps: Sequence[float],
+        stream: Stream = Stream.COMPUTE,
+    ) -> float:
+        return self.compute(name, self.comm_time(comm), category, deps, stream, comm)
+
+
+class ProgramWriter:
+    """Appends tasks to one rank's program; every part of the step adds its work through it.
+
+    On gloo (`gloo`), DeepSpeed's streams are no-ops and its calls block, so work DeepSpeed puts
+    on its reduction or TP stream runs on the compute stream.
+    """
+
+    def __init__(self, stage: int, device: DeviceProfile, dtype: str, gloo: bool) -> None:
+        self.program = Program(stage)
+        self.device = device
+        self.dtype = dtype
+        self.gloo = gloo
+
+    def compute(
+        self,
+        name: str,
+        seconds: float,
+        category: Category,
+        deps: Sequence[Task],
+        stream: Stream = Stream.COMPUTE,
+    ) -> Task:
+        return self.program.add(Task(name, stream, category, seconds, deps=list(deps)))
+
+    def comm(
+        self,
+        name: str,
+        comm: Comm,
+        category: Category,
+        deps: Sequence[Task],
+        stream: Stream = Stream.COMPUTE,
+    ) -> Task:
+        if self.gloo and stream in (Stream.REDUCE, Stream.TP):
+            stream = Stream.COMPUTE  # DeepSpeed's CPU accelerator has no real streams
+        return self.program.add(Task(name, stream, category, comm=comm, deps=list(deps)))
+
+    def fused(
+        self,
+        name: str,
+        category: Category,
+        parts: tuple[Part, ...],
+        seconds: float,
+        deps: list[Task],
+    ) -> Task:
+        """A pass of fixed-time work as one task: its parts keep their own timing."""
+        task = Task(name, Stream.COMPUTE, category, seconds, deps=deps, parts=parts)
+        return self.program.add(task)
+
+    def memory_pass(
+        self, name: str, nbytes: float, deps: Sequence[Task], stream: Stream = Stream.COMPUTE
+    ) -> Task:
+        """Bandwidth-bound bookkeeping (copies, scaling in place) of `nbytes` copied."""
+        seconds = self.device.copy_time_s(nbytes, self.dtype)
+        return self.compute(name, seconds, Category.OPTIMIZER, deps, stream)
+
+    def recv(self, tag: str, nbytes: float, peer: int) -> Task:
+        comm = Comm(CollectiveOp.SEND_RECV, nbytes, Group.PP, peer, tag)
+        task = Task(f"recv.{tag}", Stream.P2P, Category.PP_COMM, comm=comm, receives=True)
+        return self.program.add(task)
+
+    def send(self, tag: str, nbytes: float, peer: int, deps: list[Task], stream: Stream) -> Task:
+        comm = Comm(CollectiveOp.SEND_RECV, nbytes, Group.PP, peer, tag)
+        return self.comm(f"send.{tag}", comm, Category.PP_COMM, deps, stream)

@@ -1,0 +1,198 @@
+"""DeepSpeed ZeRO-3's parameter coordinator, replayed over one micro-step's module trace.
+
+`PartitionedParameterCoordinator` (deepspeed/runtime/zero/partitioned_param_coordinator.py,
+0.19) decides from the *order* of module uses alone, never from timing, which gathers to issue:
+
+- `fetch_sub_module` (line ~310): gather the module's parameters that are not available (one
+  blocking call), then prefetch: pop the recorded parameter trace while the newly issued numel
+  is below min(stage3_prefetch_bucket_size, max_live_parameters - available numel), and gather
+  the popped, unavailable parameters in one call (line ~452);
+- `release_sub_module` / `__params_to_release` (line ~494, ~640): after a use, a parameter is
+  freed unless it is persistent (fewer than stage3_param_persistence_threshold elements), or a
+  later use was already prefetched, or it is used again within stage3_max_reuse_distance
+  elements of trace (counting every module's parameters, from the next use on);
+- after the backward, everything not persistent is freed (`release_and_reset_all`).
+
+So replaying that logic over the trace gives exactly DeepSpeed's gathers (`replay`, also what
+the memory ledger keeps gathered); `ParameterGathers` issues them into a rank's program at the
+modules' first ops, and the engine times them. Keys name a module's (non-persistent)
+parameters; numel is per TP rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from zsim.network.collective import CollectiveOp
+from zsim.step.job import StageJob
+from zsim.step.program import Category, Comm, Group, ProgramWriter, Stream, Task
+from zsim.workload.layout import layer_passes
+from zsim.workload.model import ComputeOp, Layer, ModelSpec, module_of
+from zsim.workload.parallel import ParallelConfig, ZeroKnobs, ZeroStage
+
+Key = tuple[str, str]  # (layer, module)
+
+
+@dataclass(frozen=True)
+class Use:
+    """One module invocation: the parameters it needs (all of the module's, numel)."""
+
+    key: Key
+    numel: int  # elements gathered (its non-persistent parameters)
+    span: int  # all its elements: what DeepSpeed's reuse-distance walk counts
+    persistent: bool
+
+
+@dataclass(frozen=True)
+class Gather:
+    """One all-gather call issued at trace position `at`."""
+
+    at: int
+    keys: tuple[Key, ...]
+    numel: int
+    blocking: bool  # the module's own fetch (the compute waits right away)
+
+
+@dataclass
+class Replay:
+    gathers: list[Gather] = field(default_factory=list)
+    peak_available_numel: int = 0  # gathered parameters alive at once (for the ledger)
+
+
+def replay(trace: Sequence[Use], knobs: ZeroKnobs) -> Replay:
+    """Gathers DeepSpeed issues over `trace` (forward uses then backward uses)."""
+    out = Replay()
+    persistent_numel = sum({u.key: u.span - u.numel for u in trace}.values())
+    available: dict[Key, int] = {}
+    n_available = persistent_numel
+    queue = [i for i, u in enumerate(trace) if not u.persistent]
+    head = 0  # next queue entry to pop
+    prefetched_for: dict[Key, int] = {}
+
+    for j, use in enumerate(trace):
+        if use.persistent:
+            continue
+        while head < len(queue) and queue[head] <= j:
+            head += 1
+        if use.key not in available:
+            available[use.key] = use.numel
+            n_available += use.numel
+            out.gathers.append(Gather(j, (use.key,), use.numel, blocking=True))
+        budget = min(knobs.prefetch_bucket_size, knobs.max_live_parameters - n_available)
+        batch: dict[Key, int] = {}
+        issued = 0
+        while head < len(queue) and issued < budget:
+            ahead = trace[queue[head]]
+            head += 1
+            prefetched_for[ahead.key] = max(prefetched_for.get(ahead.key, -1), queue[head - 1])
+            if ahead.key not in available and ahead.key not in batch:
+                batch[ahead.key] = ahead.numel
+                issued += ahead.numel
+        if batch:
+            available.update(batch)
+            n_available += issued
+            out.gathers.append(Gather(j, tuple(batch), issued, blocking=False))
+        out.peak_available_numel = max(out.peak_available_numel, n_available)
+        if _released(trace, j, use.key, knobs.max_reuse_distance, prefetched_for):
+            n_available -= available.pop(use.key)
+    return out
+
+
+def _released(
+    trace: Sequence[Use], j: int, key: Key, max_reuse: int, prefetched_for: dict[Key, int]
+) -> bool:
+    if prefetched_for.get(key, -1) > j:
+        return False  # a later use was already prefetched: DeepSpeed keeps it
+    traversed = 0
+    for later in trace[j + 1 :]:
+        if traversed >= max_reuse:
+            break
+        if later.key == key:
+            return False
+        traversed += later.span
+    return True
+
+
+def module_numels(layer: Layer, module: str, cfg: ParallelConfig) -> tuple[int, int]:
+    """(elements to gather, all elements) of a submodule's parameters on one TP rank;
+    parameters of at most stage3_param_persistence_threshold elements stay gathered."""
+    threshold = cfg.knobs.param_persistence_threshold
+    sizes = [t.per_rank(cfg.tp) for t in layer.tensors if module_of(t) == module]
+    return sum(n for n in sizes if n > threshold), sum(sizes)
+
+
+def module_trace(model: ModelSpec, cfg: ParallelConfig, layers: Sequence[Layer]) -> list[Use]:
+    """The module uses of one micro-step (forward, then backward with any recompute), in the
+    order DeepSpeed's hooks fire: one use per run of kernels reading the same submodule."""
+    passes: list[tuple[Layer, tuple[ComputeOp, ...]]] = []
+    for x in layers:
+        passes.append((x, layer_passes(model, cfg, x).forward))
+    for x in reversed(layers):
+        p = layer_passes(model, cfg, x)
+        passes.append((x, p.replay + p.backward))
+    trace: list[Use] = []
+    for layer, ops in passes:
+        previous: Key | None = None
+        for op in ops:
+            for module in op.modules:
+                gathered, total = module_numels(layer, module, cfg)
+                key = (layer.name, module)
+                if total and key != previous:
+                    trace.append(Use(key, gathered, total, persistent=not gathered))
+                    previous = key
+    return trace
+
+
+class ParameterGathers:
+    """ZeRO-3's gathers in one rank's program: those DeepSpeed issues at each trace position
+    of the current micro-step, and those in flight, which a module's first op waits for."""
+
+    def __init__(self, job: StageJob, writer: ProgramWriter) -> None:
+        self.job = job
+        self.writer = writer
+        self._at: dict[int, list[Gather]] = {}  # trace position -> gathers issued there
+        self._inflight: dict[Key, Task] = {}
+        self._blocking: list[Task] = []  # the module's own fetch, which a prefetch follows
+        self._position = 0
+        self._current: Key | None = None
+
+    def start(self, layers: Sequence[Layer]) -> None:
+        """Replay DeepSpeed's coordinator over this micro-step (forward + backward)."""
+        cfg = self.job.cfg
+        self._at = {}
+        for g in replay(module_trace(self.job.model, cfg, layers), cfg.knobs).gathers:
+            self._at.setdefault(g.at, []).append(g)
+        self._position = 0
+        self._current = None
+
+    def use(self, layer: Layer, op: ComputeOp, last: list[Task], tag: str) -> list[Task]:
+        """At a module's first op: issue the gathers DeepSpeed issues there (its blocking
+        fetch, then one prefetch bucket) and wait for this module's parameters."""
+        cfg = self.job.cfg
+        if cfg.zero_stage is not ZeroStage.PARAMETERS or not op.modules:
+            return []
+        waits: list[Task] = []
+        for module in op.modules:
+            key = (layer.name, module)
+            if key == self._current or not module_numels(layer, module, cfg)[1]:
+                continue
+            self._current = key
+            for g in self._at.pop(self._position, []):
+                nbytes = self.job.padded(g.numel) * self.job.element_bytes
+                comm = Comm(CollectiveOp.ALL_GATHER, nbytes, Group.DP)
+                task = self.writer.comm(
+                    f"{tag}.gather",
+                    comm,
+                    Category.PARAM_GATHER,
+                    last if g.blocking else [*last, *self._blocking],
+                    Stream.GATHER,
+                )
+                self._blocking = [task] if g.blocking else []
+                for k in g.keys:
+                    self._inflight[k] = task
+            self._position += 1
+            if key in self._inflight:
+                waits.append(self._inflight.pop(key))
+        self._blocking = []
+        return waits

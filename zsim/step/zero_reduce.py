@@ -1,0 +1,146 @@
+"""DeepSpeed's gradient reduction over the data-parallel group, per ZeRO stage (0.19):
+
+- stage 0: `DeepSpeedEngine.allreduce_gradients` all-reduces all gradients after the backward
+  of the last micro-batch, in buckets of `STAGE0_ALLREDUCE_BUCKET_NUMEL` elements
+  (`buffered_allreduce_fallback`), on the compute stream;
+- stage 1: `DeepSpeedZeroOptimizer.reduce_gradients` at the accumulation boundary only, in
+  reduce_bucket_size buckets (with overlap_comm, in the backward hooks of that micro-batch);
+- stage 2: the same buckets are reduced during every micro-batch's backward, as gradients become
+  ready (`reduce_independent_p_g_buckets_and_remove_grads`), on the reduction stream when
+  overlap_comm is on;
+- stage 3: gradients are reduce-scattered in reduce_bucket_size buckets during every backward.
+
+`GradientReducer` holds the IPG bucket and what it has reduced; the step calls it as the
+backward produces gradients and at the accumulation boundary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from zsim.network.collective import CollectiveOp
+from zsim.step.job import StageJob
+from zsim.step.program import Category, Comm, Group, ProgramWriter, Stream, Task
+from zsim.workload.model import Layer, LayerKind
+from zsim.workload.parallel import STAGE0_ALLREDUCE_BUCKET_NUMEL, ZeroStage
+
+
+@dataclass
+class _Bucket:
+    """Gradients waiting in DeepSpeed's IPG bucket."""
+
+    numel: int = 0
+    ready: list[Task] = field(default_factory=list)
+
+
+class GradientReducer:
+    """The reductions of one rank's gradients, in the order DeepSpeed issues them."""
+
+    def __init__(self, job: StageJob, writer: ProgramWriter) -> None:
+        self.job = job
+        self.writer = writer
+        self._bucket = _Bucket()
+        self._last: Task | None = None  # the latest reduction issued
+        self._reduced_in_hooks = False  # whether a backward already reduced (boundary skips)
+
+    def in_hooks(self, boundary: bool) -> bool:
+        """Whether gradients are reduced as backward produces them (DeepSpeed's IPG hooks):
+        stages 2 and 3 on every micro-batch, stage 1 with overlap_comm at the boundary only
+        (`process_gradients`, stage_1_and_2.py:2284-2294)."""
+        cfg = self.job.cfg
+        if cfg.dp == 1:
+            return False
+        if cfg.zero_stage >= ZeroStage.GRADIENTS:
+            return True
+        return cfg.zero_stage is ZeroStage.OPTIMIZER and cfg.overlap_comm and boundary
+
+    def start_backward(self, boundary: bool) -> bool:
+        """A backward begins: whether its hooks reduce (then the boundary does not again)."""
+        hooks = self.in_hooks(boundary)
+        self._reduced_in_hooks |= hooks
+        return hooks
+
+    def pending(self) -> list[Task]:
+        """The latest reduction, which the step's epilogue waits for."""
+        return [self._last] if self._last else []
+
+    def grads_ready(self, layer: Layer, done: Task) -> None:
+        """The IPG bucket: flush before a gradient that would overflow reduce_bucket_size; a
+        gradient larger than the bucket is reduced alone (stage_1_and_2.py:1414-1450,
+        stage3.py:1569-1645)."""
+        size = self.job.cfg.knobs.reduce_bucket_size
+        for tensor in reversed(layer.tensors):
+            numel = tensor.per_rank(self.job.cfg.tp)
+            if self._bucket.numel and self._bucket.numel + numel > size:
+                self.flush()
+            self._bucket.numel += numel
+            self._bucket.ready = [done]
+            if numel > size:
+                self.flush()
+
+    def flush(self, deps: Sequence[Task] = ()) -> None:
+        """Reduce the bucket: stage 3 reduce-scatters it; stages 1-2 all-reduce it whole
+        (use_multi_rank_bucket_allreduce, the default) or reduce each owner's slice to it."""
+        if not self._bucket.numel:
+            return
+        job, cfg, writer = self.job, self.job.cfg, self.writer
+        numel, ready = self._bucket.numel, [*self._bucket.ready, *deps]
+        self._bucket = _Bucket()
+        stream = Stream.REDUCE if cfg.overlap_comm else Stream.COMPUTE
+        d = job.element_bytes
+        if cfg.zero_stage is ZeroStage.PARAMETERS:
+            calls = [Comm(CollectiveOp.REDUCE_SCATTER, job.padded(numel) * d, Group.DP)]
+        elif cfg.knobs.use_multi_rank_bucket_allreduce or not cfg.knobs.reduce_scatter:
+            calls = [Comm(CollectiveOp.ALL_REDUCE, numel * d, Group.DP)]
+        else:
+            share = numel / cfg.dp * d
+            calls = [Comm(CollectiveOp.REDUCE, share, Group.DP, root=r) for r in range(cfg.dp)]
+        work_stream = Stream.COMPUTE if job.gloo else stream
+        before, after = self.bucket_passes(numel)
+        ready = [writer.memory_pass("bucket_prepare", before, ready, work_stream)]
+        for comm in calls:
+            self._last = writer.comm("grad_reduce", comm, Category.GRAD_REDUCE, ready, stream)
+            ready = [self._last]
+        self._last = writer.memory_pass("bucket_scatter", after, ready, work_stream)
+
+    def bucket_passes(self, numel: float) -> tuple[float, float]:
+        """Bytes DeepSpeed copies around one bucket's reduction, before and after it.
+
+        Counted from a torch.profiler trace of DeepSpeed 0.19 on CPU (calls and shapes):
+        stages 1-2 copy each gradient into the IPG bucket, divide it by dp in place and
+        flatten its partition slices (`average_tensor`, `allreduce_and_scatter`), then copy
+        this rank's slices out to its gradient partition; stage 3 copies into the bucket,
+        interleaves the ranks' chunks (`reduce_scatter_coalesced`) and divides, then adds its
+        chunk to the gradient partition (gloo's own clone and chunk copy are in the
+        collective's plan).
+        """
+        b, n, dp = self.job.element_bytes, numel, self.job.cfg.dp
+        return 3 * b * n, b * n / dp
+
+    def boundary_reduce(self, deps: list[Task]) -> list[Task]:
+        """Reductions after the last backward, in parameter (forward) order: stage 0's
+        `buffered_allreduce_fallback` (buckets of `STAGE0_ALLREDUCE_BUCKET_NUMEL`, flushed
+        after the parameter that crosses the size) and stage 1's `reduce_gradients` without
+        overlap_comm."""
+        job, cfg, writer = self.job, self.job.cfg, self.writer
+        if cfg.dp == 1 or cfg.zero_stage >= ZeroStage.GRADIENTS or self._reduced_in_hooks:
+            return deps
+        tensors = job.tensors()
+        if cfg.zero_stage is ZeroStage.OPTIMIZER:
+            done = deps[-1]
+            for t in tensors:
+                self.grads_ready(Layer("", LayerKind.LINEAR, (t,)), done)
+            self.flush(deps)
+            return [self._last] if self._last else deps
+        last, numel, d = deps, 0, job.element_bytes
+        for i, t in enumerate(tensors):
+            numel += t.per_rank(cfg.tp)
+            if numel > STAGE0_ALLREDUCE_BUCKET_NUMEL or i == len(tensors) - 1:
+                # `allreduce_bucket`: flatten (a copy), all-reduce, divide by dp, copy back
+                comm = Comm(CollectiveOp.ALL_REDUCE, numel * d, Group.DP)
+                last = [writer.memory_pass("flatten", d * numel, last)]
+                last = [writer.comm("grad_allreduce", comm, Category.GRAD_REDUCE, last)]
+                last = [writer.memory_pass("unflatten_and_scale", 2 * d * numel, last)]
+                numel = 0
+        return last

@@ -1,0 +1,190 @@
+"""A `ParallelConfig` from a DeepSpeed `ds_config.json` (as a dict) and back. File I/O lives in
+`zsim.inputs.files`; keys and defaults follow DeepSpeed 0.19."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zsim.errors import InputError, positive_int, require
+from zsim.workload.parallel import (
+    Offload,
+    ParallelConfig,
+    Precision,
+    Recompute,
+    ZeroKnobs,
+    ZeroStage,
+    resolve_batch,
+)
+
+_KNOB_KEYS = {
+    "reduce_bucket_size": "reduce_bucket_size",
+    "allgather_bucket_size": "allgather_bucket_size",
+    "overlap_comm": "overlap_comm",
+    "contiguous_gradients": "contiguous_gradients",
+    "reduce_scatter": "reduce_scatter",
+    "use_multi_rank_bucket_allreduce": "use_multi_rank_bucket_allreduce",
+    "stage3_prefetch_bucket_size": "prefetch_bucket_size",
+    "stage3_param_persistence_threshold": "param_persistence_threshold",
+    "stage3_max_live_parameters": "max_live_parameters",
+    "stage3_max_reuse_distance": "max_reuse_distance",
+}
+
+
+_BOOL_KNOBS = (
+    "overlap_comm",
+    "contiguous_gradients",
+    "reduce_scatter",
+    "use_multi_rank_bucket_allreduce",
+)
+
+
+def _no_auto(key: str, value: Any) -> Any:
+    if value == "auto":
+        raise InputError(
+            key,
+            "auto",
+            'a concrete value: "auto" is filled in by the Hugging Face '
+            "Trainer integration, not by DeepSpeed; give the number, or the flag",
+        )
+    return value
+
+
+def _precision(ds: dict[str, Any]) -> Precision:
+    enabled = [
+        p
+        for p in (Precision.FP16, Precision.BF16)
+        if _no_auto(f"{p}.enabled", ds.get(str(p), {}).get("enabled", False)) is True
+    ]
+    require(len(enabled) <= 1, "fp16/bf16", "both enabled", "at most one of fp16 and bf16")
+    return enabled[0] if enabled else Precision.FP32
+
+
+def _offload(zero: dict[str, Any]) -> Offload:
+    def on(key: str) -> bool:
+        device = (zero.get(key) or {}).get("device", "none")
+        require(
+            device in ("none", "cpu"),
+            f"zero_optimization.{key}.device",
+            device,
+            "none or cpu (NVMe offload is not modelled)",
+        )
+        return bool(device == "cpu")
+
+    if on("offload_param"):
+        return Offload.OPTIMIZER_PARAMS
+    return Offload.OPTIMIZER if on("offload_optimizer") else Offload.NONE
+
+
+def from_ds_config(
+    ds: dict[str, Any], dp: int | None = None, tp: int = 1, pp: int = 1, **overrides: Any
+) -> ParallelConfig:
+    """A ParallelConfig from a DeepSpeed config dict; dp from the argument or the batch rule."""
+    require(isinstance(ds, dict), "ds_config", type(ds).__name__, "a JSON object")
+    zero = ds.get("zero_optimization", {}) or {}
+    require(isinstance(zero, dict), "zero_optimization", zero, "a JSON object")
+    stage = _no_auto("zero_optimization.stage", zero.get("stage", 0))
+    require(
+        stage in (0, 1, 2, 3) and not isinstance(stage, bool),
+        "zero_optimization.stage",
+        stage,
+        "0, 1, 2 or 3",
+    )
+    batch = {
+        k: _no_auto(k, ds.get(k))
+        for k in (
+            "train_batch_size",
+            "train_micro_batch_size_per_gpu",
+            "gradient_accumulation_steps",
+        )
+    }
+    if dp is None:
+        dp = _dp_from_batch(batch)
+    micro, accum = resolve_batch(
+        dp,
+        batch["train_micro_batch_size_per_gpu"],
+        batch["gradient_accumulation_steps"],
+        batch["train_batch_size"],
+    )
+    knobs = {
+        name: _no_auto(f"zero_optimization.{key}", zero[key])
+        for key, name in _KNOB_KEYS.items()
+        if key in zero
+    }
+    for name, value in knobs.items():
+        if name not in _BOOL_KNOBS:
+            knobs[name] = positive_int(f"zero_optimization.{name}", value)
+    fields: dict[str, Any] = {
+        "dp": dp,
+        "tp": tp,
+        "pp": pp,
+        "zero_stage": ZeroStage(stage),
+        "micro_batch": micro,
+        "grad_accum": accum,
+        "precision": _precision(ds),
+        "offload": _offload(zero),
+        "knobs": ZeroKnobs(**knobs),
+    }
+    if (ds.get("activation_checkpointing") or {}).get("partition_activations") is not None:
+        fields["recompute"] = Recompute.FULL
+    fields.update({k: v for k, v in overrides.items() if v is not None})
+    return ParallelConfig(**fields)
+
+
+def _dp_from_batch(batch: dict[str, Any]) -> int:
+    train, micro, accum = (
+        batch["train_batch_size"],
+        batch["train_micro_batch_size_per_gpu"],
+        batch["gradient_accumulation_steps"],
+    )
+    if train is None or micro is None:
+        raise InputError(
+            "dp",
+            None,
+            "give --dp, or all of train_batch_size, "
+            "train_micro_batch_size_per_gpu (and gradient_accumulation_steps) "
+            "in ds_config.json so dp follows from the batch rule",
+        )
+    positive_int("train_batch_size", train)
+    positive_int("train_micro_batch_size_per_gpu", micro)
+    per_rank = micro * (positive_int("gradient_accumulation_steps", accum) if accum else 1)
+    require(
+        train % per_rank == 0,
+        "train_batch_size",
+        train,
+        f"a multiple of micro_batch x grad_accum = {per_rank}",
+    )
+    return int(train // per_rank)
+
+
+def to_ds_config(cfg: ParallelConfig) -> dict[str, Any]:
+    """A DeepSpeed config that runs this layout (the ZeRO part; TP/PP belong to Megatron)."""
+    k = cfg.knobs
+    zero: dict[str, Any] = {
+        "stage": int(cfg.zero_stage),
+        "overlap_comm": cfg.overlap_comm,
+        "contiguous_gradients": k.contiguous_gradients,
+        "reduce_scatter": k.reduce_scatter,
+        "reduce_bucket_size": k.reduce_bucket_size,
+        "allgather_bucket_size": k.allgather_bucket_size,
+    }
+    if cfg.zero_stage is ZeroStage.PARAMETERS:
+        zero |= {
+            "stage3_prefetch_bucket_size": k.prefetch_bucket_size,
+            "stage3_param_persistence_threshold": k.param_persistence_threshold,
+            "stage3_max_live_parameters": k.max_live_parameters,
+            "stage3_max_reuse_distance": k.max_reuse_distance,
+        }
+    if cfg.offload is not Offload.NONE:
+        zero["offload_optimizer"] = {"device": "cpu"}
+    if cfg.offload is Offload.OPTIMIZER_PARAMS:
+        zero["offload_param"] = {"device": "cpu"}
+    ds: dict[str, Any] = {
+        "train_batch_size": cfg.global_batch,
+        "train_micro_batch_size_per_gpu": cfg.micro_batch,
+        "gradient_accumulation_steps": cfg.grad_accum,
+        "zero_optimization": zero,
+        "optimizer": {"type": "Adam", "params": {"lr": 1e-4}},
+    }
+    if cfg.precision.mixed:
+        ds[str(cfg.precision)] = {"enabled": True}
+    return ds

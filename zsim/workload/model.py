@@ -1,0 +1,199 @@
+"""Models of the network being trained: layers and parameter tensors, from the shapes a
+Megatron-style implementation creates.
+
+A model is a sequence of layers (embedding, transformer blocks, head; or plain linear layers for
+the seeds' toy MLP). Its kernels, FLOPs and saved activations per micro-batch are in
+`zsim.workload.shapes`; its presets in `zsim.workload.model_presets`. Every number is derived
+from tensor shapes, so the tests can check them against published formulas (Narayanan et al.
+2021 for FLOPs, Korthikanti et al. 2022 for activations) instead of against this code.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+
+from zsim.errors import positive_int, require
+
+
+class ModelKind(StrEnum):
+    TRANSFORMER = "transformer"  # GPT / Llama style decoder
+    MLP = "mlp"  # a stack of Linear(width, width) layers (the seeds' toy model)
+    PARAMS_ONLY = "params"  # only a parameter count: enough for the ledger of model states
+
+
+class LayerKind(StrEnum):
+    EMBEDDING = "embedding"
+    BLOCK = "block"
+    HEAD = "head"
+    LINEAR = "linear"
+    TIED_COPY = "tied_copy"  # the last pipeline stage's copy of a tied word embedding
+
+
+class OpKind(StrEnum):
+    GEMM = "gemm"  # dense matmul: compute-bound at large shapes
+    ATTENTION = "attention"  # fused (flash) attention kernel
+    MEMORY = "memory"  # norms, softmax, activations, dropout, residual adds: bandwidth-bound
+
+
+@dataclass(frozen=True)
+class ParamTensor:
+    """One parameter tensor; `tp_sharded` tensors are split across tensor-parallel ranks."""
+
+    name: str
+    numel: int
+    tp_sharded: bool
+
+    def per_rank(self, tp: int) -> int:
+        """Elements one tensor-parallel rank holds (sharded tensors rounded up)."""
+        return math.ceil(self.numel / tp) if self.tp_sharded else self.numel
+
+
+@dataclass(frozen=True)
+class ComputeOp:
+    """One kernel: FLOPs and bytes moved; GEMMs also carry (m, n, k) x batch for efficiency."""
+
+    name: str
+    kind: OpKind
+    flops: float
+    bytes_moved: float
+    gemm_shape: tuple[int, int, int] = (0, 0, 0)
+    gemm_batch: int = 1
+    modules: tuple[str, ...] = ()  # submodules whose parameters it reads (ZeRO-3 gathers them)
+
+
+@dataclass(frozen=True)
+class Layer:
+    """A module as ZeRO-3 sees it: the unit of parameter gathering and of pipeline assignment."""
+
+    name: str
+    kind: LayerKind
+    tensors: tuple[ParamTensor, ...]
+
+    def params(self, tp: int = 1) -> int:
+        """Parameters held by one tensor-parallel rank (sharded tensors rounded up)."""
+        return sum(t.per_rank(tp) for t in self.tensors)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model's shape. For PARAMS_ONLY, only `params_override` is meaningful."""
+
+    name: str
+    kind: ModelKind
+    layers: int
+    hidden: int
+    heads: int = 1
+    ffn_hidden: int = 0
+    seq_len: int = 1
+    vocab: int = 0
+    kv_heads: int = 0  # 0 means = heads (multi-head attention); fewer means GQA
+    tied_embeddings: bool = True
+    gated_mlp: bool = False  # SwiGLU (three matrices) instead of GeLU (two)
+    rmsnorm: bool = False  # RMSNorm (weight only) instead of LayerNorm (weight and bias)
+    bias: bool = True
+    learned_positions: bool = True
+    dropout: bool = True
+    params_override: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind is ModelKind.PARAMS_ONLY:
+            require(self.params_override > 0, "params", self.params_override, "a positive count")
+            return
+        for field in ("layers", "hidden", "heads", "seq_len"):
+            positive_int(field, getattr(self, field))
+        if self.kind is ModelKind.TRANSFORMER:
+            positive_int("vocab", self.vocab)
+            positive_int("ffn_hidden", self.ffn_hidden)
+            require(
+                self.hidden % self.heads == 0,
+                "heads",
+                self.heads,
+                f"a divisor of hidden={self.hidden}",
+            )
+            require(
+                self.heads % self.n_kv_heads == 0,
+                "kv_heads",
+                self.kv_heads,
+                f"a divisor of heads={self.heads}",
+            )
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.kv_heads or self.heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    # ---- parameters -------------------------------------------------------------------------
+
+    def layer_list(self) -> tuple[Layer, ...]:
+        """The modules in forward order."""
+        if self.kind is ModelKind.PARAMS_ONLY:
+            return (
+                Layer("params", LayerKind.LINEAR, (ParamTensor("w", self.params_override, True),)),
+            )
+        if self.kind is ModelKind.MLP:
+            return tuple(self._linear_layer(i) for i in range(self.layers))
+        blocks = tuple(self._block(i) for i in range(self.layers))
+        return (self._embedding(), *blocks, self._head())
+
+    def total_params(self) -> int:
+        return sum(layer.params() for layer in self.layer_list())
+
+    def _linear_layer(self, i: int) -> Layer:
+        h = self.hidden
+        tensors = [ParamTensor("linear.weight", h * h, True)]
+        if self.bias:
+            tensors.append(ParamTensor("linear.bias", h, True))
+        return Layer(f"linear{i}", LayerKind.LINEAR, tuple(tensors))
+
+    def _norm(self, name: str) -> list[ParamTensor]:
+        h = self.hidden
+        tensors = [ParamTensor(f"{name}.weight", h, False)]
+        if not self.rmsnorm:
+            tensors.append(ParamTensor(f"{name}.bias", h, False))
+        return tensors
+
+    def _dense(self, name: str, n_in: int, n_out: int, bias_sharded: bool) -> list[ParamTensor]:
+        """A Megatron linear: column-parallel biases are sharded, row-parallel biases are not."""
+        tensors = [ParamTensor(f"{name}.weight", n_in * n_out, True)]
+        if self.bias:
+            tensors.append(ParamTensor(f"{name}.bias", n_out, bias_sharded))
+        return tensors
+
+    def _block(self, i: int) -> Layer:
+        h, f = self.hidden, self.ffn_hidden
+        qkv_out = h + 2 * self.n_kv_heads * self.head_dim
+        tensors = [
+            *self._norm("ln1"),
+            *self._dense("qkv", h, qkv_out, bias_sharded=True),
+            *self._dense("proj", h, h, bias_sharded=False),
+            *self._norm("ln2"),
+            *self._dense("fc1", h, f * (2 if self.gated_mlp else 1), bias_sharded=True),
+            *self._dense("fc2", f, h, bias_sharded=False),
+        ]
+        return Layer(f"block{i}", LayerKind.BLOCK, tuple(tensors))
+
+    def _embedding(self) -> Layer:
+        tensors = [ParamTensor("wte.weight", self.vocab * self.hidden, True)]
+        if self.learned_positions:
+            tensors.append(ParamTensor("wpe.weight", self.seq_len * self.hidden, False))
+        return Layer("embedding", LayerKind.EMBEDDING, tuple(tensors))
+
+    def _head(self) -> Layer:
+        tensors = self._norm("ln_f")
+        if not self.tied_embeddings:
+            tensors.append(ParamTensor("lm_head.weight", self.vocab * self.hidden, True))
+        return Layer("head", LayerKind.HEAD, tuple(tensors))
+
+
+def modules_of(module: str) -> tuple[str, ...]:
+    return tuple(module.split(",")) if module else ()
+
+
+def module_of(tensor: ParamTensor) -> str:
+    """The submodule a parameter belongs to ("qkv" for "qkv.weight")."""
+    return tensor.name.split(".")[0]

@@ -1,0 +1,231 @@
+"""How a job is run: the parallel layout, ZeRO stage, batch, precision and DeepSpeed's knobs.
+
+Defaults follow DeepSpeed 0.19 (`deepspeed/runtime/zero/config.py`); a `ParallelConfig` is
+read from and written to a real `ds_config.json` in `zsim.workload.ds_config`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import IntEnum, StrEnum
+from typing import Any
+
+from zsim.errors import InputError, positive_int, require
+
+STAGE0_ALLREDUCE_BUCKET_NUMEL = 500_000_000
+"""Elements per all-reduce bucket of DeepSpeed's stage 0 (`MEMORY_OPT_ALLREDUCE_SIZE`,
+deepspeed/runtime/constants.py; `DeepSpeedEngine.allreduce_gradients` ->
+`buffered_allreduce_fallback`): the schedule's buckets and the ledger's flattened copy."""
+
+
+class ZeroStage(IntEnum):
+    """What ZeRO partitions across data-parallel ranks; each stage includes the ones below."""
+
+    NONE = 0
+    """Plain data parallelism: every rank holds all model states."""
+    OPTIMIZER = 1
+    """Optimizer states (fp32 master, Adam m and v) are partitioned."""
+    GRADIENTS = 2
+    """Gradients are partitioned too (reduced to their owner during backward)."""
+    PARAMETERS = 3
+    """Parameters are partitioned too, gathered per module when needed."""
+
+
+class Precision(StrEnum):
+    FP16 = "fp16"
+    BF16 = "bf16"
+    FP32 = "fp32"
+
+    @property
+    def bytes(self) -> int:
+        return 4 if self is Precision.FP32 else 2
+
+    @property
+    def mixed(self) -> bool:
+        return self is not Precision.FP32
+
+
+class Recompute(StrEnum):
+    NONE = "none"
+    SELECTIVE = "selective"  # recompute attention's softmax/dropout only (Korthikanti et al.)
+    FULL = "full"  # keep each layer's input, replay the forward in backward
+
+
+class Offload(StrEnum):
+    NONE = "none"
+    OPTIMIZER = "optimizer"  # ZeRO-Offload: optimizer states and step on the host
+    OPTIMIZER_PARAMS = "optimizer+params"  # ZeRO-Infinity (CPU): parameters too (stage 3 only)
+
+
+class PipelineSchedule(StrEnum):
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED = "interleaved"
+
+
+class PipelineEngine(StrEnum):
+    """Whose pipeline runs the stages: DeepSpeed's PipelineEngine (its TrainSchedule, blocking
+    p2p) or Megatron's schedules (GPipe, 1F1B, interleaved; asynchronous p2p)."""
+
+    DEEPSPEED = "deepspeed"
+    MEGATRON = "megatron"
+
+
+@dataclass(frozen=True)
+class ZeroKnobs:
+    """DeepSpeed's zero_optimization knobs that change memory or the communication schedule.
+
+    Sizes are in elements, as in DeepSpeed.
+    """
+
+    reduce_bucket_size: int = 500_000_000
+    allgather_bucket_size: int = 500_000_000
+    overlap_comm: bool | None = None  # None: DeepSpeed's default (True for stage 3 only)
+    contiguous_gradients: bool = True
+    reduce_scatter: bool = True
+    use_multi_rank_bucket_allreduce: bool = True  # ZeRO-1/2: all-reduce whole buckets
+    prefetch_bucket_size: int = 50_000_000
+    param_persistence_threshold: int = 100_000
+    max_live_parameters: int = 1_000_000_000
+    max_reuse_distance: int = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """The layout and batch of one job. World size = dp * tp * pp."""
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    zero_stage: ZeroStage = ZeroStage.NONE
+    micro_batch: int = 1
+    grad_accum: int = 1
+    precision: Precision = Precision.FP16
+    recompute: Recompute = Recompute.NONE
+    offload: Offload = Offload.NONE
+    sequence_parallel: bool = False
+    pp_schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B
+    pipeline_engine: PipelineEngine = PipelineEngine.DEEPSPEED
+    virtual_stages: int = 1  # model chunks per pipeline rank (interleaved 1F1B)
+    flash_attention: bool = False
+    knobs: ZeroKnobs = field(default_factory=ZeroKnobs)
+
+    def __post_init__(self) -> None:
+        for name, kind in _ENUM_FIELDS.items():  # accept "full", 3, ... from Python callers
+            object.__setattr__(self, name, _as_enum(name, getattr(self, name), kind))
+        for name in ("dp", "tp", "pp", "micro_batch", "grad_accum", "virtual_stages"):
+            positive_int(name, getattr(self, name))
+        require(
+            self.offload is not Offload.OPTIMIZER_PARAMS or self.zero_stage is ZeroStage.PARAMETERS,
+            "offload",
+            str(self.offload),
+            "optimizer+params offload needs ZeRO stage 3",
+        )
+        require(
+            self.offload is Offload.NONE or self.zero_stage >= ZeroStage.OPTIMIZER,
+            "offload",
+            str(self.offload),
+            "offload needs ZeRO stage 1, 2 or 3",
+        )
+        require(
+            not self.sequence_parallel or self.tp > 1,
+            "sequence_parallel",
+            True,
+            "sequence parallelism needs tp > 1",
+        )
+        require(
+            self.pp == 1 or self.zero_stage < ZeroStage.GRADIENTS,
+            "zero_stage",
+            int(self.zero_stage),
+            "0 or 1 with pp > 1 (DeepSpeed: ZeRO-2 and ZeRO-3 are incompatible with pipeline "
+            "parallelism)",
+        )
+        require(
+            self.pp == 1
+            or self.pipeline_engine is PipelineEngine.MEGATRON
+            or self.pp_schedule is PipelineSchedule.ONE_F_ONE_B,
+            "pp_schedule",
+            str(self.pp_schedule),
+            "1f1b with DeepSpeed's pipeline engine (its TrainSchedule); gpipe and interleaved "
+            "need --pipeline-engine megatron",
+        )
+        require(
+            self.virtual_stages == 1 or self.pp_schedule is PipelineSchedule.INTERLEAVED,
+            "virtual_stages",
+            self.virtual_stages,
+            "1 unless --pp-schedule interleaved",
+        )
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    @property
+    def global_batch(self) -> int:
+        """DeepSpeed's train_batch_size: micro_batch x grad_accum x dp."""
+        return self.micro_batch * self.grad_accum * self.dp
+
+    @property
+    def overlap_comm(self) -> bool:
+        if self.knobs.overlap_comm is None:
+            return self.zero_stage is ZeroStage.PARAMETERS
+        return self.knobs.overlap_comm
+
+
+_ENUM_FIELDS: dict[str, type[Any]] = {
+    "zero_stage": ZeroStage,
+    "precision": Precision,
+    "recompute": Recompute,
+    "offload": Offload,
+    "pp_schedule": PipelineSchedule,
+    "pipeline_engine": PipelineEngine,
+}
+
+
+def _as_enum(name: str, value: Any, kind: type[Any]) -> Any:
+    try:
+        return kind(value)
+    except ValueError:
+        allowed = ", ".join(str(e.value) for e in kind)
+        raise InputError(name, value, f"one of {allowed}") from None
+
+
+def resolve_batch(
+    dp: int, micro_batch: int | None, grad_accum: int | None, global_batch: int | None
+) -> tuple[int, int]:
+    """(micro_batch, grad_accum) from any two of the three, by DeepSpeed's rule.
+
+    Mirrors `DeepSpeedConfig._set_batch_related_parameters` and `_batch_assertion`:
+    train_batch_size = micro_batch x grad_accum x dp, refused when inconsistent.
+    """
+    for name, value in (
+        ("micro_batch", micro_batch),
+        ("grad_accum", grad_accum),
+        ("global_batch", global_batch),
+    ):
+        if value is not None:
+            positive_int(name, value)
+    if global_batch is None:
+        return micro_batch or 1, grad_accum or 1
+    if micro_batch is None:
+        micro_batch = global_batch // dp // (grad_accum or 1)
+    if grad_accum is None:
+        grad_accum = global_batch // micro_batch // dp if micro_batch else 0
+    if micro_batch < 1 or grad_accum < 1 or micro_batch * grad_accum * dp != global_batch:
+        raise InputError(
+            "global_batch",
+            global_batch,
+            "train_batch_size must equal micro_batch_per_gpu * gradient_acc_step * world_size "
+            f"(dp): {global_batch} != {micro_batch} * {grad_accum} * {dp}",
+        )
+    return micro_batch, grad_accum
+
+
+def with_stage(cfg: ParallelConfig, stage: ZeroStage) -> ParallelConfig:
+    """The same job at another ZeRO stage (offload kept only where that stage allows it)."""
+    offload = cfg.offload
+    if stage is ZeroStage.NONE:
+        offload = Offload.NONE
+    elif stage is not ZeroStage.PARAMETERS and offload is Offload.OPTIMIZER_PARAMS:
+        offload = Offload.OPTIMIZER
+    return replace(cfg, zero_stage=stage, offload=offload)

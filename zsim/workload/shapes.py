@@ -1,0 +1,269 @@
+"""What one micro-batch of a model costs on one rank: its kernels (FLOPs, bytes moved) and
+the tensors it saves for backward, from tensor shapes; the single home of these formulas.
+
+`Shard` is how much of a micro-batch one rank sees: its sequences, its tensor-parallel slice
+(with or without sequence parallelism), the attention kernel and the element size.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from zsim.workload.model import (
+    ComputeOp,
+    Layer,
+    LayerKind,
+    ModelKind,
+    ModelSpec,
+    OpKind,
+    modules_of,
+)
+from zsim.workload.parallel import ParallelConfig
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One rank's share of a micro-batch."""
+
+    micro_batch: int
+    tp: int = 1
+    sequence_parallel: bool = False
+    flash_attention: bool = False
+    dtype_bytes: int = 2
+
+    @classmethod
+    def of(cls, cfg: ParallelConfig) -> Shard:
+        """The shard every rank of a layout computes on."""
+        return cls(
+            cfg.micro_batch,
+            cfg.tp,
+            cfg.sequence_parallel,
+            cfg.flash_attention,
+            cfg.precision.bytes,
+        )
+
+
+def forward_ops(model: ModelSpec, layer: Layer, shard: Shard) -> tuple[ComputeOp, ...]:
+    """The kernels of one layer's forward pass on one tensor-parallel rank."""
+    shape = _Shapes(model, shard)
+    if layer.kind is LayerKind.TIED_COPY:
+        return ()  # used by the head's logits GEMM, which the head already counts
+    if layer.kind is LayerKind.LINEAR:
+        return shape.linear()
+    if layer.kind is LayerKind.EMBEDDING:
+        return shape.embedding()
+    if layer.kind is LayerKind.HEAD:
+        return shape.head()
+    return shape.block(shard.flash_attention)
+
+
+def backward_ops(forward: tuple[ComputeOp, ...]) -> tuple[ComputeOp, ...]:
+    """The kernels of the backward pass of `forward`.
+
+    A GEMM C = AB has two backward GEMMs of the same FLOPs: dA = dC B^T and dB = A^T dC.
+    Flash attention's backward does 5 matmuls to the forward's 2 (Dao 2023): 2.5x.
+    A bandwidth-bound kernel reads the output gradient and its saved input and writes the
+    input gradient: 3 tensors for the forward's 2, so 1.5x the bytes.
+    """
+    out: list[ComputeOp] = []
+    for op in forward:
+        if op.kind is OpKind.GEMM:
+            m, n, k = op.gemm_shape
+            out.append(replace(op, name=f"{op.name}_dgrad", gemm_shape=(m, k, n)))
+            out.append(replace(op, name=f"{op.name}_wgrad", gemm_shape=(k, n, m)))
+        elif op.kind is OpKind.ATTENTION:
+            out.append(
+                replace(
+                    op,
+                    name=f"{op.name}_bwd",
+                    flops=2.5 * op.flops,
+                    bytes_moved=2.0 * op.bytes_moved,
+                )
+            )
+        else:
+            out.append(replace(op, name=f"{op.name}_bwd", bytes_moved=1.5 * op.bytes_moved))
+    return tuple(out)
+
+
+def forward_flops(model: ModelSpec, micro_batch: int = 1) -> float:
+    """Model FLOPs of one forward pass over `micro_batch` sequences (no TP, no recompute)."""
+    shard = Shard(micro_batch)
+    return sum(op.flops for layer in model.layer_list() for op in forward_ops(model, layer, shard))
+
+
+def training_flops_per_token(model: ModelSpec) -> float:
+    """Model FLOPs per token of one training step: forward + backward (2x forward)."""
+    return 3 * forward_flops(model, 1) / model.seq_len
+
+
+def saved_tensors(model: ModelSpec, layer: Layer, shard: Shard) -> dict[str, float]:
+    """Bytes of each tensor one layer saves for backward, per micro-batch, on one TP rank."""
+    return _Shapes(model, shard).saved(layer.kind, shard.flash_attention)
+
+
+def activation_bytes(model: ModelSpec, layer: Layer, shard: Shard) -> int:
+    """Bytes of tensors one layer saves for backward, per micro-batch, on one TP rank."""
+    return int(sum(saved_tensors(model, layer, shard).values()))
+
+
+def loss_saved_bytes(model: ModelSpec, micro_batch: int, dtype_bytes: int = 2) -> int:
+    """What the loss saves for backward, on the last pipeline stage: the seeds' MSE loss
+    keeps its prediction and its target (cross-entropy's logits are the head's)."""
+    if model.kind is not ModelKind.MLP:
+        return 0
+    shape = _Shapes(model, Shard(micro_batch, dtype_bytes=dtype_bytes))
+    return int(2 * shape.tokens * model.hidden * dtype_bytes)
+
+
+def layer_input_bytes(model: ModelSpec, shard: Shard) -> int:
+    """The one tensor a fully recomputed layer keeps: its input (also a pipeline message)."""
+    shape = _Shapes(model, shard)
+    return int(shape.tokens * model.hidden * shard.dtype_bytes / shape.sp)
+
+
+class _Shapes:
+    """Tensor shapes of one micro-batch on one TP rank; the single home of FLOP/byte formulas."""
+
+    def __init__(self, model: ModelSpec, shard: Shard):
+        self.m = model
+        self.b = shard.micro_batch
+        self.s = model.seq_len
+        self.tokens = shard.micro_batch * model.seq_len
+        self.tp = shard.tp
+        # sequence parallel splits the replicated sbh tensors by tp
+        self.sp = shard.tp if shard.sequence_parallel else 1
+        self.d = shard.dtype_bytes
+
+    def gemm(
+        self, name: str, m: int, n: int, k: int, batch: int = 1, module: str = ""
+    ) -> ComputeOp:
+        """C[m,n] = A[m,k] B[k,n]: 2mnk FLOPs, reads A and B, writes C."""
+        flops = 2.0 * m * n * k * batch
+        moved = float(batch * (m * k + k * n + m * n) * self.d)
+        return ComputeOp(name, OpKind.GEMM, flops, moved, (m, n, k), batch, modules_of(module))
+
+    def memory(
+        self, name: str, elements: float, passes: float = 2.0, module: str = ""
+    ) -> ComputeOp:
+        """A bandwidth-bound kernel touching `elements` values `passes` times (read + write)."""
+        return ComputeOp(
+            name, OpKind.MEMORY, 0.0, elements * passes * self.d, modules=modules_of(module)
+        )
+
+    def linear(self) -> tuple[ComputeOp, ...]:
+        h = self.m.hidden
+        ops = [self.gemm("linear", self.tokens, h // self.tp, h, module="linear")]
+        if self.m.bias:
+            ops.append(self.memory("bias", self.tokens * h / self.tp, module="linear"))
+        return tuple(ops)
+
+    def embedding(self) -> tuple[ComputeOp, ...]:
+        sbh = self.tokens * self.m.hidden
+        return (
+            self.memory(
+                "embedding_lookup",
+                sbh / self.sp,
+                passes=3.0,
+                module="wte,wpe" if self.m.learned_positions else "wte",
+            ),
+        )
+
+    def head(self) -> tuple[ComputeOp, ...]:
+        h, v = self.m.hidden, math.ceil(self.m.vocab / self.tp)
+        sbh = self.tokens * h
+        return (
+            self.memory("ln_f", sbh / self.sp, module="ln_f"),
+            self.gemm(
+                "logits", self.tokens, v, h, module="wte" if self.m.tied_embeddings else "lm_head"
+            ),
+            # cross-entropy on fp32 logits: softmax reads and writes the vocab-sized tensor
+            ComputeOp("cross_entropy", OpKind.MEMORY, 0.0, 3.0 * self.tokens * v * 4),
+        )
+
+    def block(self, flash: bool) -> tuple[ComputeOp, ...]:
+        m, t, tok = self.m, self.tp, self.tokens
+        h, f, hd = m.hidden, m.ffn_hidden, m.head_dim
+        heads = m.heads // t
+        qkv_out = (h + 2 * m.n_kv_heads * hd) // t
+        fc1_out = f * (2 if m.gated_mlp else 1) // t
+        sbh_rep = tok * h / self.sp  # replicated across TP unless sequence parallel
+        ops = [
+            self.memory("ln1", sbh_rep, module="ln1"),
+            self.gemm("qkv", tok, qkv_out, h, module="qkv"),
+        ]
+        if flash:
+            ops.append(
+                ComputeOp(
+                    "flash_attention",
+                    OpKind.ATTENTION,
+                    4.0 * self.b * heads * self.s**2 * hd,
+                    4.0 * tok * heads * hd * self.d,
+                )
+            )
+        else:
+            scores = self.b * heads * self.s * self.s
+            ops += [
+                self.gemm("attn_scores", self.s, self.s, hd, batch=self.b * heads),
+                self.memory("softmax_dropout", scores, passes=3.0 if m.dropout else 2.0),
+                self.gemm("attn_values", self.s, hd, self.s, batch=self.b * heads),
+            ]
+        ops += [
+            self.gemm("proj", tok, h, h // t, module="proj"),
+            self.memory("residual1", sbh_rep, passes=4.0 if m.dropout else 3.0),
+            self.memory("ln2", sbh_rep, module="ln2"),
+            self.gemm("fc1", tok, fc1_out, h, module="fc1"),
+            self.memory("activation", tok * f / t, passes=3.0 if m.gated_mlp else 2.0),
+            self.gemm("fc2", tok, h, f // t, module="fc2"),
+            self.memory("residual2", sbh_rep, passes=4.0 if m.dropout else 3.0),
+        ]
+        return tuple(ops)
+
+    def saved(self, kind: LayerKind, flash: bool) -> dict[str, float]:
+        """Tensors kept for backward, in bytes, named after what saves them.
+
+        Follows the accounting of Korthikanti et al. 2022 (section 4.1): GEMM inputs, softmax
+        output, dropout masks (1 byte/element), norm inputs, activation-function input.
+        """
+        m, d, tok, sp, t = self.m, self.d, self.tokens, self.sp, self.tp
+        h = m.hidden
+        sbh = tok * h
+        if kind is LayerKind.TIED_COPY:
+            return {}
+        if kind is LayerKind.LINEAR:
+            return {"linear_input": sbh * d}
+        if kind is LayerKind.EMBEDDING:
+            return {"embedding_dropout_mask": sbh / sp} if m.dropout else {}
+        if kind is LayerKind.HEAD:
+            v = math.ceil(m.vocab / t)
+            return {
+                "ln_f_input": sbh * d / sp,
+                "logits_input": sbh * d / sp,
+                "fp32_logits": tok * v * 4.0,
+            }
+        mask = 1.0 if m.dropout else 0.0
+        kv_frac = m.n_kv_heads / m.heads
+        heads = m.heads // t
+        f_out = m.ffn_hidden * (2 if m.gated_mlp else 1)
+        saved = {
+            "ln1_input": sbh * d / sp,
+            "qkv_input": sbh * d / sp,
+            "q_k": sbh * d * (1 + kv_frac) / t,
+            "v": sbh * d * kv_frac / t,
+            "proj_input": sbh * d / t,
+            "attn_dropout_mask": sbh * mask / sp,
+            "ln2_input": sbh * d / sp,
+            "fc1_input": sbh * d / sp,
+            "activation_input": tok * f_out * d / t,
+            "fc2_input": tok * m.ffn_hidden * d / t,
+            "mlp_dropout_mask": sbh * mask / sp,
+        }
+        if flash:  # flash attention keeps its output and the softmax statistics, not s x s
+            saved["attention_softmax_stats"] = self.b * heads * self.s * 4.0
+        else:
+            scores = self.b * heads * self.s * self.s
+            saved["softmax_output"] = scores * d
+            saved["softmax_dropout_mask"] = scores * mask
+            if m.dropout:
+                saved["dropped_softmax"] = scores * d
+        return saved
