@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from zsim.calibrate.profile import load_calibration, save_profile
-from zsim.cli.calibrate import parse_model
+from zsim.inputs.scenario import parse_model
 from zsim.validate.compare import Prediction, predict
 from zsim.validate.runner import Case
 from zsim.workload.ds_config import from_ds_config

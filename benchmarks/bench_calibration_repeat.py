@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from zsim.calibrate.fit import fitted_rows
-from zsim.calibrate.plan import Kind
+from zsim.calibrate.measurement import Kind
 from zsim.calibrate.profile import Calibration, load_calibration
 from zsim.calibrate.replay import model_of
 

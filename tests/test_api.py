@@ -14,8 +14,10 @@ def test_package_docstring_example():
 def test_public_names_import():
     for name in zsim.__all__:
         assert getattr(zsim, name) is not None, name
-    from zsim import ParallelConfig, presets, simulate  # noqa: F401  (the README's names)
+    from zsim import presets  # noqa: F401  (the README's names)
     from zsim.cli import main
+    from zsim.simulation import simulate
+    from zsim.workload.parallel import ParallelConfig  # noqa: F401  (the README's names)
 
     assert callable(main)
     assert callable(simulate)

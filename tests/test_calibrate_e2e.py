@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("torch", reason="calibration needs torch (the calibrate extra)")
 
-from zsim.calibrate.plan import Kind
+from zsim.calibrate.measurement import Kind
 from zsim.calibrate.profile import load_calibration, load_profile
 from zsim.cli import main
 from zsim.cluster.device import layer_time_key

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from zsim.calibrate.fit import fitted_rows
-from zsim.calibrate.plan import Kind
+from zsim.calibrate.measurement import Kind
 from zsim.calibrate.profile import load_calibration
 from zsim.calibrate.replay import model_of
 

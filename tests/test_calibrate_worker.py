@@ -10,8 +10,9 @@ pytest.importorskip("torch", reason="torch is in the calibrate extra")
 
 import torch
 
+from zsim.calibrate.bench import Bench
+from zsim.calibrate.micro import _layer_forward
 from zsim.calibrate.plan import RANKS_ON_HOST_ENV, Plan
-from zsim.calibrate.worker import Bench
 from zsim.workload.model import LayerKind
 from zsim.workload.model_presets import preset, with_overrides
 
@@ -25,13 +26,13 @@ def test_layers_chain_until_twice_the_cache_at_most_the_models_layers(monkeypatc
     bench = _bench(monkeypatch, 1)
     bench.cache_bytes = 32 * 2**20
     model = with_overrides(preset("toy-mlp"), hidden=1024, layers=8)
-    module, forward, copies = bench._layer_forward(model, LayerKind.LINEAR, 4)
+    module, forward, copies = _layer_forward(bench, model, LayerKind.LINEAR, 4)
     # a Linear(1024) holds 4 MiB of fp32 weights: 16 would fill 64 MiB, the model has 8
     assert copies == 8
     assert sum(p.numel() for p in module.parameters()) == 8 * (1024 * 1024 + 1024)
     assert forward().shape == (4, 1024)
     bench.cache_bytes = 6 * 2**20  # 12 MiB: three layers of 4 MiB
-    assert bench._layer_forward(model, LayerKind.LINEAR, 4)[2] == 3
+    assert _layer_forward(bench, model, LayerKind.LINEAR, 4)[2] == 3
 
 
 def test_lost_core_samples_are_dropped_only_without_oversubscription(monkeypatch):

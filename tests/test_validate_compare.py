@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from zsim.memory import ledger
-from zsim.validate import compare, held
+from zsim.validate import compare, held, results
 from zsim.validate.compare import Compared, Prediction
 from zsim.validate.runner import Case, Measurement, Status
 from zsim.workload.model_presets import preset, with_overrides
@@ -61,7 +61,7 @@ def test_errors_and_mape() -> None:
 
 def test_results_are_written(tmp_path: Path) -> None:
     rows = [_row(0, 1.0, 1.1), _row(1, 2.0, 1.0), _row(2, None, 3.0), _row(3, 4.0, None)]
-    table, summary = compare.write_results(rows, {"profile": "p.json"}, tmp_path, "test")
+    table, summary = results.write_results(rows, {"profile": "p.json"}, tmp_path, "test")
     written = list(csv.DictReader((tmp_path / "predicted_vs_measured.csv").open()))
     assert [r["status"] for r in written] == ["ok", "ok", "oom", "ok"]
     assert written[2]["detail"] == "rank 0: MemoryError"

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from zsim.calibrate.plan import FIT_TOLERANCE, Kind, Measurement
+from zsim.calibrate.measurement import FIT_TOLERANCE, Kind, Measurement
 from zsim.cluster.calibrated import apply_profile
 from zsim.cluster.device import ADAM_STEP_BYTES_PER_PARAM, ComputeRates, DeviceProfile, LayerTime
 from zsim.cluster.gpu_spec import fit_gemm
@@ -315,28 +315,7 @@ def fit_profile(name: str, rows: Sequence[Measurement], info: Mapping[str, Any])
         backend=backend if backend in ("nccl", "gloo") else "nccl",
         notes=provenance_notes(info),
     )
-    link_params: Mapping[str, Mapping[str, float]] = {}
-    link_predict: LinkPredict = lambda _row: None  # noqa: E731 - no collectives measured
-    collectives = [(i, r) for i, r in enumerate(rows) if r.kind is Kind.COLLECTIVE]
-    if collectives and info.get("topology"):
-        from zsim.calibrate import links
-        from zsim.inputs import presets
-
-        # the profile's measured copy and sum rates are the ranks' local work (gloo)
-        topo = apply_profile(presets.topology(str(info["topology"])), profile)
-        fitted = links.fit_links(topo, collectives)
-        profile = replace(
-            profile,
-            links=fitted.links,
-            call_latency_s=fitted.call_latency_s,
-            message_s=fitted.message_s,
-            first_touch_bytes_per_s=fitted.first_touch_bytes_per_s,
-            p2p_call_latency_s=fitted.p2p_call_latency_s,
-            op_s_per_byte=fitted.op_s_per_byte,
-            op_call_s=fitted.op_call_s,
-        )
-        link_params = links.params_of(topo, fitted, collectives)
-        link_predict = links.predictor(apply_profile(topo, profile))
+    profile, link_params, link_predict = _fit_collectives(profile, rows, info)
     predictions: dict[int, float] = {}
     for i, row in enumerate(rows):
         p = predict_compute(profile, row)
@@ -350,6 +329,35 @@ def fit_profile(name: str, rows: Sequence[Measurement], info: Mapping[str, Any])
     return Fit(
         profile, residuals(rows, predictions, used), predictions, link_params, link_predict, used
     )
+
+
+def _fit_collectives(
+    profile: DeviceProfile, rows: Sequence[Measurement], info: Mapping[str, Any]
+) -> tuple[DeviceProfile, Mapping[str, Mapping[str, float]], LinkPredict]:
+    """The profile with its links, call latencies and (gloo) local work fitted to the
+    collective rows, on the topology they were measured on; the fitted parameters and the
+    model's time of each collective row."""
+    collectives = [(i, r) for i, r in enumerate(rows) if r.kind is Kind.COLLECTIVE]
+    if not collectives or not info.get("topology"):
+        return profile, {}, lambda _row: None  # no collectives measured
+    from zsim.calibrate import links
+    from zsim.inputs import presets
+
+    # the profile's measured copy and sum rates are the ranks' local work (gloo)
+    topo = apply_profile(presets.topology(str(info["topology"])), profile)
+    fitted = links.fit_links(topo, collectives)
+    profile = replace(
+        profile,
+        links=fitted.links,
+        call_latency_s=fitted.call_latency_s,
+        message_s=fitted.message_s,
+        first_touch_bytes_per_s=fitted.first_touch_bytes_per_s,
+        p2p_call_latency_s=fitted.p2p_call_latency_s,
+        op_s_per_byte=fitted.op_s_per_byte,
+        op_call_s=fitted.op_call_s,
+    )
+    params = links.params_of(topo, fitted, collectives)
+    return profile, params, links.predictor(apply_profile(topo, profile))
 
 
 def provenance_notes(info: Mapping[str, Any]) -> tuple[str, ...]:

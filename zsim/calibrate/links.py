@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from zsim.calibrate.plan import Collective, Kind, Measurement
+from zsim.calibrate.measurement import Collective, Kind, Measurement
 from zsim.cluster.calibrated import with_call_latency, with_link_class, with_links, with_local_work
 from zsim.cluster.device import LinkFit
 from zsim.cluster.fabric import Backend, LinkClass
@@ -161,41 +161,14 @@ def fit_links(topo: Topology, rows: Sequence[tuple[int, Measurement]]) -> LinkMo
     byte (one op, the cheapest, at zero: the module's doc) and per call (`WRAPPED_OPS`);
     `topo` carries the local rates the profile measures (`apply_profile`)."""
     require(bool(rows), "collective rows", 0, "at least one collective measurement")
-    classes = sorted(set(topo.link_class), key=str)
-    measured = [r for _, r in rows]
-    ops = sorted({OPS[Collective(r.op)] for r in measured}, key=str)
-    gloo = topo.fabric.backend is Backend.GLOO
-    wrapped = [op for op in ops if gloo and op in WRAPPED_OPS]
-    owners = [bottleneck_class(topo, calls_of(topo, r)[0].group) for r in measured]
-    base = np.array([row_time_s(_probe(topo, classes, ops, None), r) for r in measured])
-    columns: list[np.ndarray] = []
-    names: list[Unknown] = []
-    candidates: list[Unknown] = [
-        ("call", None),
-        ("p2p_call", None),
-        *[(kind, cls) for cls in classes for kind in ("latency", "inv_bandwidth")],
-        ("message", None),
-        ("inv_first_touch", None),
-        *[("op_s_per_byte", op) for op in ops],
-        *[("op_call", op) for op in wrapped],
-    ]
-    for unknown in candidates:
-        probe = _probe(topo, classes, ops, unknown)
-        column = np.array([row_time_s(probe, r) for r in measured]) - base
-        if unknown[0] == "inv_bandwidth":
-            column = np.where([o is unknown[1] for o in owners], column, 0.0)
-        if np.any(column > PROBE_FLOOR_S):
-            columns.append(column)
-            names.append(unknown)
-    t = np.array([r.median_s for r in measured])
-    a, y = np.stack(columns, axis=1) / t[:, None], 1.0 - base / t
+    names, a, y = _design(topo, [r for _, r in rows])
     own = [j for j, u in enumerate(names) if u[0] == "op_s_per_byte"]
     solution = _least_error(
         [_without(a, y, j) for j in own] if own else [nonnegative_lstsq(a, y)], a, y
     )
     values = dict(zip(names, solution.tolist(), strict=True))
     links: dict[str, LinkFit] = {}
-    for cls in classes:
+    for cls in sorted(set(topo.link_class), key=str):
         inv = values.get(("inv_bandwidth", cls))
         if inv is None:
             continue  # no row's bandwidth depends on this class: not measured
@@ -222,6 +195,40 @@ def fit_links(topo: Topology, rows: Sequence[tuple[int, Measurement]]) -> LinkMo
     return LinkModelFit(
         call_latency, links, predictions, message, first_touch, p2p_call, op_costs, op_calls
     )
+
+
+def _design(
+    topo: Topology, measured: Sequence[Measurement]
+) -> tuple[list[Unknown], np.ndarray, np.ndarray]:
+    """The unknowns the rows depend on, and the linear system in them on relative error: each
+    column is read off the model by probing it (every unknown at zero cost, then one at 1)."""
+    classes = sorted(set(topo.link_class), key=str)
+    ops = sorted({OPS[Collective(r.op)] for r in measured}, key=str)
+    gloo = topo.fabric.backend is Backend.GLOO
+    wrapped = [op for op in ops if gloo and op in WRAPPED_OPS]
+    owners = [bottleneck_class(topo, calls_of(topo, r)[0].group) for r in measured]
+    base = np.array([row_time_s(_probe(topo, classes, ops, None), r) for r in measured])
+    columns: list[np.ndarray] = []
+    names: list[Unknown] = []
+    candidates: list[Unknown] = [
+        ("call", None),
+        ("p2p_call", None),
+        *[(kind, cls) for cls in classes for kind in ("latency", "inv_bandwidth")],
+        ("message", None),
+        ("inv_first_touch", None),
+        *[("op_s_per_byte", op) for op in ops],
+        *[("op_call", op) for op in wrapped],
+    ]
+    for unknown in candidates:
+        probe = _probe(topo, classes, ops, unknown)
+        column = np.array([row_time_s(probe, r) for r in measured]) - base
+        if unknown[0] == "inv_bandwidth":
+            column = np.where([o is unknown[1] for o in owners], column, 0.0)
+        if np.any(column > PROBE_FLOOR_S):
+            columns.append(column)
+            names.append(unknown)
+    t = np.array([r.median_s for r in measured])
+    return names, np.stack(columns, axis=1) / t[:, None], 1.0 - base / t
 
 
 def _without(a: np.ndarray, y: np.ndarray, reference: int) -> np.ndarray:

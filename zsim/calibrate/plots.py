@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from zsim.calibrate.fit import Fit, predict_compute, predict_memory_traffic
-from zsim.calibrate.plan import Kind, Measurement, busbw
+from zsim.calibrate.measurement import Kind, Measurement, busbw
 from zsim.calibrate.profile import Calibration
 
 
@@ -78,104 +78,85 @@ def _scaled(row: Measurement, factor: float) -> Measurement:
     return dataclasses.replace(row, size_bytes=row.size_bytes * factor)
 
 
-def save_fit_png(cal: Calibration, fit: Fit, path: Path) -> Path:
-    """`calibration/NAME-fit.png`: GEMM FLOP/s, memory and copy bandwidth, AdamW rate, and
-    busbw of every collective, measured (points, IQR bars) and fitted (lines)."""
+@dataclasses.dataclass(frozen=True)
+class _Top:
+    """One of the figure's first-row panels: a kind of row, drawn as a rate against a size."""
+
+    kind: Kind
+    x: Callable[[Measurement], float]
+    rate: Callable[[Measurement, float], float]
+    title: str
+    xlabel: str
+    ylabel: str
+    traffic: bool = False  # predicted as memory traffic (copies, Adam) rather than compute
+    mark_fitted: bool = True
+    log_rate: bool = False
+
+
+_TOP_PANELS = (
+    _Top(
+        Kind.GEMM,
+        lambda r: r.flops,
+        lambda r, t: r.flops / t / 1e9,
+        "GEMM (hollow: matrix-vector, not fitted)",
+        "FLOPs per call",
+        "GFLOP/s",
+    ),
+    _Top(
+        Kind.MEMORY,
+        lambda r: r.size_bytes,
+        lambda r, t: r.size_bytes / t / 1e9,
+        "memory-bound kernels",
+        "bytes moved",
+        "GB/s",
+        log_rate=True,
+    ),
+    _Top(
+        Kind.HOST_COPY,
+        lambda r: r.size_bytes,
+        lambda r, t: r.size_bytes / t / 1e9,
+        "host <-> device copy",
+        "bytes",
+        "GB/s",
+        traffic=True,
+        mark_fitted=False,
+    ),
+    _Top(
+        Kind.OPTIMIZER,
+        lambda r: float(r.params),
+        lambda r, t: r.params / t / 1e6,
+        "AdamW step",
+        "parameters",
+        "M params/s",
+        traffic=True,
+    ),
+)
+
+
+def fit_figure(cal: Calibration, fit: Fit) -> Any:
+    """GEMM FLOP/s, memory and copy bandwidth, AdamW rate, and busbw of every collective,
+    measured (points, IQR bars) and fitted (lines)."""
     rows = cal.measurements
-    prof = fit.profile
     used = {rows[i] for i in fit.fitted}
-
-    def fitted(r: Measurement) -> bool:
-        return r in used
-
     colls = sorted({(r.op, r.group) for r in rows if r.kind is Kind.COLLECTIVE})
     ncols = 4
     nrows = 1 + (len(colls) + ncols - 1) // ncols
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.4 * nrows), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-
-    def compute(r: Measurement) -> float | None:
-        return predict_compute(prof, r)
-
-    def traffic(r: Measurement) -> float | None:
-        return predict_memory_traffic(prof, r, host_adam=False)
-
-    ax = axes[0][0]
-    for i, op in enumerate(("mm", "bmm")):
-        sel = [r for r in rows if r.kind is Kind.GEMM and r.op == op]
-        if sel:
-            _panel(
-                ax,
-                sel,
-                lambda r: r.flops,
-                lambda r, t: r.flops / t / 1e9,
-                compute,
-                op,
-                colors[i],
-                fitted,
-            )
-    _style(ax, "GEMM (hollow: matrix-vector, not fitted)", "FLOPs per call", "GFLOP/s")
-    ax = axes[0][1]
-    for i, op in enumerate(sorted({r.op for r in rows if r.kind is Kind.MEMORY})):
-        sel = [r for r in rows if r.kind is Kind.MEMORY and r.op == op]
-        _panel(
-            ax,
-            sel,
-            lambda r: r.size_bytes,
-            lambda r, t: r.size_bytes / t / 1e9,
-            compute,
-            op,
-            colors[i],
-            fitted,
-        )
-    _style(ax, "memory-bound kernels", "bytes moved", "GB/s")
-    ax.set_yscale("log")
-    ax = axes[0][2]
-    for i, op in enumerate(sorted({r.op for r in rows if r.kind is Kind.HOST_COPY})):
-        sel = [r for r in rows if r.kind is Kind.HOST_COPY and r.op == op]
-        _panel(
-            ax,
-            sel,
-            lambda r: r.size_bytes,
-            lambda r, t: r.size_bytes / t / 1e9,
-            traffic,
-            op,
-            colors[i],
-        )
-    _style(ax, "host <-> device copy", "bytes", "GB/s")
-    ax = axes[0][3]
-    for i, op in enumerate(sorted({r.op for r in rows if r.kind is Kind.OPTIMIZER})):
-        sel = [r for r in rows if r.kind is Kind.OPTIMIZER and r.op == op]
-        _panel(
-            ax,
-            sel,
-            lambda r: float(r.params),
-            lambda r, t: r.params / t / 1e6,
-            traffic,
-            op,
-            colors[i],
-            fitted,
-        )
-    _style(ax, "AdamW step", "parameters", "M params/s")
+    for ax, top in zip(axes[0], _TOP_PANELS, strict=True):
+        _top_panel(ax, top, rows, fit, used, colors)
     for j, (op, group) in enumerate(colls):
         ax = axes[1 + j // ncols][j % ncols]
         sel = [r for r in rows if r.kind is Kind.COLLECTIVE and r.op == op and r.group == group]
-
-        def busbw_gbps(r: Measurement, t: float) -> float:
-            return busbw(r, t) / 1e9
-
-        def coll(r: Measurement) -> float | None:
-            return fit.link_predict(r)
-
         _panel(
             ax,
             sel,
             lambda r: r.size_bytes,
-            busbw_gbps,
-            coll,
+            lambda r, t: busbw(r, t) / 1e9,
+            fit.link_predict,
             f"n={sel[0].ranks}",
             colors[0],
-            fitted,
+            lambda r: r in used,
         )
         _style(ax, f"{op} ({group}, {sel[0].link_class or '?'})", "size S (bytes)", "busbw GB/s")
         ax.set_yscale("log")
@@ -183,6 +164,40 @@ def save_fit_png(cal: Calibration, fit: Fit, path: Path) -> Path:
         axes[1 + j // ncols][j % ncols].set_visible(False)
     fig.suptitle(f"zsim calibration {cal.name}: measured (median, IQR) vs fitted model")
     fig.tight_layout()
+    return fig
+
+
+def _top_panel(
+    ax: Any,
+    top: _Top,
+    rows: Sequence[Measurement],
+    fit: Fit,
+    used: set[Measurement],
+    colors: Sequence[str],
+) -> None:
+    def predict(r: Measurement) -> float | None:
+        if top.traffic:
+            return predict_memory_traffic(fit.profile, r, host_adam=False)
+        return predict_compute(fit.profile, r)
+
+    ops = (
+        ("mm", "bmm")
+        if top.kind is Kind.GEMM
+        else sorted({r.op for r in rows if r.kind is top.kind})
+    )
+    for i, op in enumerate(ops):
+        sel = [r for r in rows if r.kind is top.kind and r.op == op]
+        if sel:
+            marks = (lambda r: r in used) if top.mark_fitted else (lambda _r: True)
+            _panel(ax, sel, top.x, top.rate, predict, op, colors[i], marks)
+    _style(ax, top.title, top.xlabel, top.ylabel)
+    if top.log_rate:
+        ax.set_yscale("log")
+
+
+def save_fit_png(cal: Calibration, fit: Fit, path: Path) -> Path:
+    """`calibration/NAME-fit.png` (`fit_figure`), renamed into place when complete."""
+    fig = fit_figure(cal, fit)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.stem}.tmp.png")
     fig.savefig(tmp, dpi=90)

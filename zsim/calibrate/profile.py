@@ -19,15 +19,15 @@ a collective's algbw and busbw) is for people; the JSON is what zsim reads.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from zsim.calibrate.fit import Residual, fit_profile
-from zsim.calibrate.plan import Kind, Measurement, algbw, busbw
+from zsim.calibrate.measurement import Kind, Measurement, algbw, busbw
 from zsim.cluster.device import ComputeRates, DeviceProfile, LayerTime, LinkFit
 from zsim.errors import InputError, require
 from zsim.inputs.files import load_json
@@ -53,26 +53,18 @@ class Calibration:
 
 
 def profile_to_dict(p: DeviceProfile) -> dict[str, Any]:
-    return {
-        "name": p.name,
-        "memory_bytes": p.memory_bytes,
-        "reserved_bytes": p.reserved_bytes,
-        "peak_flops": dict(p.peak_flops),
-        "rates": {k: vars(v).copy() for k, v in p.rates.items()},
-        "host_link_bytes_per_s": p.host_link_bytes_per_s,
-        "optimizer_bytes_per_s": p.optimizer_bytes_per_s,
-        "host_adam_params_per_s": p.host_adam_params_per_s,
-        "layer_times": {k: vars(v).copy() for k, v in sorted(p.layer_times.items())},
-        "links": {k: vars(v).copy() for k, v in sorted(p.links.items())},
-        "call_latency_s": p.call_latency_s,
-        "message_s": p.message_s,
-        "first_touch_bytes_per_s": p.first_touch_bytes_per_s,
-        "p2p_call_latency_s": p.p2p_call_latency_s,
-        "op_s_per_byte": dict(sorted(p.op_s_per_byte.items())),
-        "op_call_s": dict(sorted(p.op_call_s.items())),
-        "backend": p.backend,
-        "notes": list(p.notes),
-    }
+    """Every field of `p` as JSON: records as objects, mappings sorted by key."""
+    return {f.name: _plain(getattr(p, f.name)) for f in fields(DeviceProfile)}
+
+
+def _plain(value: Any) -> Any:
+    if is_dataclass(value):
+        return vars(value).copy()
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in sorted(value.items())}
+    if isinstance(value, tuple):
+        return list(value)
+    return value
 
 
 def _number(where: str, value: Any, allow_zero: bool = False) -> float:
@@ -97,120 +89,110 @@ def _per_op(where: str, value: Any) -> dict[str, float]:
     return out
 
 
-def _record(
-    where: str, value: Any, fields: Sequence[str], zero_ok: Sequence[str] = ()
-) -> dict[str, float]:
-    data = _mapping(where, value)
-    missing = [f for f in fields if f not in data]
-    require(
-        not missing,
-        f"{where}.{missing[0] if missing else ''}",
-        None,
-        "required (missing from the file)",
-    )
-    extra = sorted(set(data) - set(fields))
-    require(not extra, f"{where}.{extra[0] if extra else ''}", None, f"one of {list(fields)}")
-    return {f: _number(f"{where}.{f}", data[f], f in zero_ok) for f in fields}
+def _records(kind: type[Any], zero_ok: Sequence[str] = ()) -> Parse:
+    """A mapping of names to records of `kind` (a dataclass of numbers)."""
+    names = [f.name for f in fields(kind)]
+
+    def parse(where: str, value: Any) -> dict[str, Any]:
+        out = {}
+        for key, record in _mapping(where, value).items():
+            data = _mapping(f"{where}.{key}", record)
+            missing = [f for f in names if f not in data]
+            extra = sorted(set(data) - set(names))
+            require(
+                not missing,
+                f"{where}.{key}.{missing[0] if missing else ''}",
+                None,
+                "required (missing from the file)",
+            )
+            require(
+                not extra, f"{where}.{key}.{extra[0] if extra else ''}", None, f"one of {names}"
+            )
+            out[str(key)] = kind(
+                **{f: _number(f"{where}.{key}.{f}", data[f], f in zero_ok) for f in names}
+            )
+        return out
+
+    return parse
 
 
-_RATE_FIELDS = (
-    "gemm_flops_per_s",
-    "gemm_overhead_s",
-    "attention_flops_per_s",
-    "memory_bytes_per_s",
-    "memory_overhead_s",
-)
+def _string(where: str, value: Any) -> str:
+    require(isinstance(value, str), where, value, "a string")
+    return str(value)
+
+
+def _notes(where: str, value: Any) -> tuple[str, ...]:
+    ok = isinstance(value, list) and all(isinstance(n, str) for n in value)
+    require(ok, where, value, "a list of strings")
+    return tuple(value)
+
+
+def _backend(where: str, value: Any) -> str:
+    require(value in ("nccl", "gloo"), where, value, "nccl or gloo")
+    return str(value)
+
+
+def _positive(where: str, value: Any) -> float:
+    return _number(where, value)
+
+
+def _non_negative(where: str, value: Any) -> float:
+    return _number(where, value, allow_zero=True)
+
+
+def _optional(parse: Parse) -> Parse:
+    return lambda where, value: None if value is None else parse(where, value)
+
+
+def _positive_map(where: str, value: Any) -> dict[str, float]:
+    return {str(k): _number(f"{where}.{k}", v) for k, v in _mapping(where, value).items()}
+
+
+Parse = Callable[[str, Any], Any]
+
+_RATES = _records(ComputeRates, ("gemm_overhead_s", "memory_overhead_s"))
+
+
+def _some(where: str, rates: dict[str, Any]) -> dict[str, Any]:
+    require(bool(rates), where, {}, "rates for at least one dtype")
+    return rates
+
+
+PROFILE_FIELDS: dict[str, Parse] = {
+    "name": _string,
+    "memory_bytes": _positive,
+    "reserved_bytes": _non_negative,
+    "peak_flops": _positive_map,
+    "rates": lambda where, value: _some(where, _RATES(where, value)),
+    "host_link_bytes_per_s": _positive,
+    "optimizer_bytes_per_s": _positive,
+    "host_adam_params_per_s": _non_negative,
+    "layer_times": _records(LayerTime),
+    "links": _records(LinkFit, ("latency_s",)),
+    "call_latency_s": _optional(_non_negative),
+    "message_s": _optional(_non_negative),
+    "first_touch_bytes_per_s": _optional(_positive),
+    "p2p_call_latency_s": _optional(_non_negative),
+    "op_s_per_byte": _per_op,
+    "op_call_s": _per_op,
+    "backend": _backend,
+    "notes": _notes,
+}
+"""How each field of a DeviceProfile is read from a file (every field has one: a test)."""
 
 
 def profile_from_dict(d: Any, where: str = "profile.device") -> DeviceProfile:
     """A DeviceProfile from its JSON form; every missing or bad field is an InputError that
-    names it."""
+    names it. A field with a default may be absent."""
     data = _mapping(where, d)
-    required = (
-        "name",
-        "memory_bytes",
-        "reserved_bytes",
-        "peak_flops",
-        "rates",
-        "host_link_bytes_per_s",
-        "optimizer_bytes_per_s",
-    )
-    for key in required:
-        require(key in data, f"{where}.{key}", None, "required (missing from the file)")
-    require(isinstance(data["name"], str), f"{where}.name", data["name"], "a string")
-    rates = {
-        str(k): ComputeRates(
-            **_record(
-                f"{where}.rates.{k}", v, _RATE_FIELDS, ("gemm_overhead_s", "memory_overhead_s")
-            )
-        )
-        for k, v in _mapping(f"{where}.rates", data["rates"]).items()
-    }
-    require(bool(rates), f"{where}.rates", {}, "rates for at least one dtype")
-    layers = {
-        str(k): LayerTime(**_record(f"{where}.layer_times.{k}", v, ("forward_s", "backward_s")))
-        for k, v in _mapping(f"{where}.layer_times", data.get("layer_times", {})).items()
-    }
-    links = {
-        str(k): LinkFit(
-            **_record(
-                f"{where}.links.{k}", v, ("latency_s", "bandwidth_bytes_per_s"), ("latency_s",)
-            )
-        )
-        for k, v in _mapping(f"{where}.links", data.get("links", {})).items()
-    }
-    notes = data.get("notes", [])
-    require(
-        isinstance(notes, list) and all(isinstance(n, str) for n in notes),
-        f"{where}.notes",
-        notes,
-        "a list of strings",
-    )
-    call_latency = data.get("call_latency_s")
-    if call_latency is not None:
-        call_latency = _number(f"{where}.call_latency_s", call_latency, allow_zero=True)
-    message = data.get("message_s")
-    if message is not None:
-        message = _number(f"{where}.message_s", message, allow_zero=True)
-    first_touch = data.get("first_touch_bytes_per_s")
-    if first_touch is not None:
-        first_touch = _number(f"{where}.first_touch_bytes_per_s", first_touch)
-    p2p_call = data.get("p2p_call_latency_s")
-    if p2p_call is not None:
-        p2p_call = _number(f"{where}.p2p_call_latency_s", p2p_call, allow_zero=True)
-    op_costs = _per_op(f"{where}.op_s_per_byte", data.get("op_s_per_byte", {}))
-    op_calls = _per_op(f"{where}.op_call_s", data.get("op_call_s", {}))
-    backend = data.get("backend", "nccl")
-    require(backend in ("nccl", "gloo"), f"{where}.backend", backend, "nccl or gloo")
-    return DeviceProfile(
-        name=data["name"],
-        memory_bytes=_number(f"{where}.memory_bytes", data["memory_bytes"]),
-        reserved_bytes=_number(f"{where}.reserved_bytes", data["reserved_bytes"], True),
-        peak_flops={
-            str(k): _number(f"{where}.peak_flops.{k}", v)
-            for k, v in _mapping(f"{where}.peak_flops", data["peak_flops"]).items()
-        },
-        rates=rates,
-        host_link_bytes_per_s=_number(
-            f"{where}.host_link_bytes_per_s", data["host_link_bytes_per_s"]
-        ),
-        optimizer_bytes_per_s=_number(
-            f"{where}.optimizer_bytes_per_s", data["optimizer_bytes_per_s"]
-        ),
-        host_adam_params_per_s=_number(
-            f"{where}.host_adam_params_per_s", data.get("host_adam_params_per_s", 0.0), True
-        ),
-        layer_times=layers,
-        links=links,
-        call_latency_s=call_latency,
-        message_s=message,
-        first_touch_bytes_per_s=first_touch,
-        p2p_call_latency_s=p2p_call,
-        op_s_per_byte=op_costs,
-        op_call_s=op_calls,
-        backend=backend,
-        notes=tuple(notes),
-    )
+    values = {}
+    for f in fields(DeviceProfile):
+        if f.name not in data:
+            required = f.default is MISSING and f.default_factory is MISSING
+            require(not required, f"{where}.{f.name}", None, "required (missing from the file)")
+            continue
+        values[f.name] = PROFILE_FIELDS[f.name](f"{where}.{f.name}", data[f.name])
+    return DeviceProfile(**values)
 
 
 # ---- files ------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from zsim.calibrate.links import calls_of
-from zsim.calibrate.plan import Kind, Measurement
+from zsim.calibrate.measurement import Kind, Measurement
 from zsim.calibrate.profile import Calibration
 from zsim.cluster.calibrated import apply_profile
 from zsim.cluster.device import ADAM_STEP_BYTES_PER_PARAM, DeviceProfile

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from zsim.calibrate.fit import Residual
 from zsim.calibrate.links import HUGE_BPS
-from zsim.calibrate.plan import Kind, algbw, busbw
+from zsim.calibrate.measurement import Kind, algbw, busbw
 from zsim.calibrate.profile import Calibration
 from zsim.calibrate.replay import model_of
 from zsim.workload.parallel import Precision

@@ -8,14 +8,18 @@ from pathlib import Path
 from typing import Any
 
 from zsim.errors import InputError, positive_int, require
-from zsim.workload.model import ModelSpec
+from zsim.inputs.scenario import parse_model
 
-_SHAPE_KEYS = ("layers", "hidden", "heads", "ffn-hidden", "seq-len", "vocab", "kv-heads")
 _PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 def add_commands(sub: Any) -> None:
-    """Register `zsim calibrate` on the `zsim` parser's subcommands."""
+    """Register `zsim calibrate` and `zsim profile` on the `zsim` parser's subcommands."""
+    _add_calibrate(sub)
+    _add_profile(sub)
+
+
+def _add_calibrate(sub: Any) -> None:
     p = sub.add_parser(
         "calibrate",
         help="measure this machine (compute, memory, collectives) into a profile",
@@ -67,6 +71,8 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_calibrate)
 
+
+def _add_profile(sub: Any) -> None:
     show = sub.add_parser(
         "profile", help="show a calibration profile: fitted numbers, spread, fit residuals"
     )
@@ -87,24 +93,6 @@ def add_commands(sub: Any) -> None:
     show.set_defaults(func=cmd_profile)
 
 
-def parse_model(text: str) -> ModelSpec:
-    """`PRESET[:key=value,...]` -> a ModelSpec (keys as the shape flags: seq-len, hidden, ...)."""
-    from zsim.inputs.scenario import build_model
-
-    name, _, rest = text.partition(":")
-    shape: dict[str, str | None] = {}
-    for item in filter(None, rest.split(",")):
-        key, eq, value = item.partition("=")
-        require(
-            bool(eq) and key in _SHAPE_KEYS,
-            "model",
-            text,
-            f"PRESET[:key=value,...] with keys {', '.join(_SHAPE_KEYS)}",
-        )
-        shape[key.replace("-", "_")] = value
-    return build_model(name, None, **shape)
-
-
 def _int(field: str, text: str) -> int:
     try:
         return positive_int(field, int(text))
@@ -113,54 +101,24 @@ def _int(field: str, text: str) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from zsim.calibrate import plan as plans
     from zsim.calibrate import runner
 
     device = args.device
     require(device in ("cpu", "cuda"), "device", device, "cuda or cpu")
-    precision = args.precision or ("bf16" if device == "cuda" else "fp32")
-    require(precision in _PRECISIONS, "precision", precision, ", ".join(_PRECISIONS))
-    models = tuple(parse_model(m) for m in (args.model or []))
-    micro = tuple(_int("micro_batches", x) for x in args.micro_batches.split(",") if x)
-    require(bool(micro), "micro_batches", args.micro_batches, "comma-separated positive integers")
-    nproc = _int("nproc", args.nproc) if args.nproc else None
-    if nproc is None:
-        nproc = 2 if device == "cpu" else _cuda_count()
-    launch = runner.Launch(
-        nproc=nproc,
-        threads=_int("threads", args.threads) if args.threads else None,
-        nnodes=_int("nnodes", args.nnodes),
-        node_rank=int(args.node_rank) if args.node_rank.isdigit() else -1,
-        master_addr=args.master_addr,
-    )
-    require(
-        0 <= launch.node_rank < launch.nnodes,
-        "node_rank",
-        args.node_rank,
-        f"0..{launch.nnodes - 1}",
-    )
+    launch = _launch(args, device)
     emulation = None
-    topology = args.topology or f"{launch.nnodes}x{nproc}-{'cpu' if device == 'cpu' else 'nvlink'}"
+    topology = (
+        args.topology or f"{launch.nnodes}x{launch.nproc}-{'cpu' if device == 'cpu' else 'nvlink'}"
+    )
     if args.emulate is not None:
-        emulation, topology = _emulation(args.emulate, device)
+        emulation = _emulation(args.emulate, device)
+        topology = emulation.topology
         launch = runner.Launch(emulation.ranks_per_node, launch.threads, emulation.nodes)
     name = args.name or f"{device}-{launch.nproc * launch.nnodes}rank"
     out = args.out or Path("calibration") / f"{name}.json"
-    plan = plans.default_plan(
-        device,
-        precision,
-        models,
-        micro,
-        quick=args.quick,
-        flash_attention=args.flash_attention,
-        topology=topology,
-        link_classes=_link_classes(topology),
-        max_collective_bytes=_int("max_size", args.max_size),
-        launches=_int("launches", args.launches) if args.launches else None,
-    )
     try:
         written = runner.calibrate(
-            plan,
+            _plan(args, device, topology),
             launch,
             name,
             out,
@@ -180,22 +138,60 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _emulation(name: str, device: str) -> tuple[Any, str]:
+def _launch(args: argparse.Namespace, device: str) -> Any:
+    from zsim.calibrate.runner import Launch
+
+    nproc = _int("nproc", args.nproc) if args.nproc else None
+    if nproc is None:
+        nproc = 2 if device == "cpu" else _cuda_count()
+    launch = Launch(
+        nproc=nproc,
+        threads=_int("threads", args.threads) if args.threads else None,
+        nnodes=_int("nnodes", args.nnodes),
+        node_rank=int(args.node_rank) if args.node_rank.isdigit() else -1,
+        master_addr=args.master_addr,
+    )
+    require(
+        0 <= launch.node_rank < launch.nnodes,
+        "node_rank",
+        args.node_rank,
+        f"0..{launch.nnodes - 1}",
+    )
+    return launch
+
+
+def _plan(args: argparse.Namespace, device: str, topology: str) -> Any:
+    from zsim.calibrate import plan as plans
+
+    precision = args.precision or ("bf16" if device == "cuda" else "fp32")
+    require(precision in _PRECISIONS, "precision", precision, ", ".join(_PRECISIONS))
+    models = tuple(parse_model(m) for m in (args.model or []))
+    micro = tuple(_int("micro_batches", x) for x in args.micro_batches.split(",") if x)
+    require(bool(micro), "micro_batches", args.micro_batches, "comma-separated positive integers")
+    return plans.default_plan(
+        device,
+        precision,
+        models,
+        micro,
+        quick=args.quick,
+        flash_attention=args.flash_attention,
+        topology=topology,
+        link_classes=_link_classes(topology),
+        max_collective_bytes=_int("max_size", args.max_size),
+        launches=_int("launches", args.launches) if args.launches else None,
+    )
+
+
+def _emulation(name: str, device: str) -> Any:
     """The emulated cluster for `--emulate NAME`, exactly as `zsim validate --emulate` builds
-    it (the rate scaled down to what this host sustains), and the topology it amounts to."""
-    from zsim.calibrate.runner import Emulation
-    from zsim.cli.validate import MAX_EMULATED_RATE_BPS, rate_name
+    it (the rate scaled down to what this host sustains)."""
     from zsim.inputs import presets
-    from zsim.testbed.emulate import check_can_emulate
+    from zsim.testbed.emulation_plan import EmulationPlan
 
     require(device == "cpu", "emulate", name, "--device cpu (ranks as processes)")
     topo = presets.topology(name)
     require(topo.nodes > 1, "emulate", name, "a topology of more than one node, e.g. 2x2-cpu")
-    check_can_emulate()
-    rate = topo.fabric.nic.bandwidth_bytes_per_s
-    scale = min(1.0, MAX_EMULATED_RATE_BPS / rate)
-    emulation = Emulation(topo.nodes, topo.gpus_per_node, rate, scale, topo.fabric.nic.latency_s)
-    return emulation, f"{topo.nodes}x{topo.gpus_per_node}-cpu-{rate_name(rate * scale)}"
+    return EmulationPlan.of(topo)
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -234,7 +230,7 @@ def _link_classes(topology: str) -> dict[str, str]:
 
 
 def _cuda_count() -> int:
-    from zsim.calibrate.runner import check_machine
+    from zsim.calibrate.host import check_machine
 
     check_machine("cuda", 1)
     import torch

@@ -14,7 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from zsim.errors import InputError, positive_int, positive_number, require
+from zsim.errors import InputError, positive_int, require
+from zsim.inputs.scenario import parse_model
 from zsim.workload.parallel import ParallelConfig, Precision, ZeroStage
 
 DEFAULT_CPU_MODEL = "toy-mlp:hidden=1024"  # the seeds' 8 x Linear, narrowed to fit 8 CPU ranks
@@ -22,9 +23,6 @@ DEFAULT_GPU_MODEL = "toy-mlp"  # the seeds' experiment: 8 x Linear(4096, 4096)
 # Untimed steps: on CPU, glibc serves DeepSpeed's per-step buffers from pages never touched
 # before for tens of steps (8,200 minor faults, ~13 ms, per 34 MB buffer; fewer each step)
 DEFAULT_WARMUP = {"cpu": "20", "cuda": "5"}
-# The fastest emulated link that this kind of host sustains beside its ranks (tbf on veth was
-# measured at 0.96 Gbit/s); faster topologies are scaled down to it, and the scale recorded.
-MAX_EMULATED_RATE_BPS = 125e6
 
 
 def add_commands(sub: Any) -> None:
@@ -63,6 +61,12 @@ def add_commands(sub: Any) -> None:
         "--scale",
         help="emulated rate = topology's inter-node rate x SCALE (default: down to 1 Gbit/s)",
     )
+    _add_run_flags(p)
+    p.set_defaults(func=cmd_validate)
+
+
+def _add_run_flags(p: argparse.ArgumentParser) -> None:
+    """How each case runs: device, ranks, steps, launches, batch, precision, output."""
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--nproc", help="ranks when no --topology is given (default 2)")
     p.add_argument("--steps", default="5", help="timed steps per case (default 5)")
@@ -87,7 +91,6 @@ def add_commands(sub: Any) -> None:
     )
     p.add_argument("--out", type=Path, default=Path("validation"), help="output folder")
     p.add_argument("--no-progress", action="store_true", help="no live status line")
-    p.set_defaults(func=cmd_validate)
 
 
 def _int(field: str, text: str, zero: bool = False) -> int:
@@ -112,96 +115,94 @@ def parse_stages(text: str) -> list[ZeroStage]:
     return [ZeroStage(int(s)) for s in dict.fromkeys(items)]
 
 
-def rate_name(rate_bps: float) -> str:
-    """A rate in the topology grammar's unit, e.g. 125e6 bytes/s -> '1000mbit'."""
-    mbit = f"{rate_bps * 8 / 1e6:.6f}".rstrip("0").rstrip(".")
-    return f"{mbit}mbit"
-
-
 def cmd_validate(args: argparse.Namespace) -> int:
-    from zsim.cli.calibrate import parse_model
-    from zsim.inputs import presets
-    from zsim.testbed.emulate import check_can_emulate
-    from zsim.validate import runner
-
     device = args.device
     require(device in ("cpu", "cuda"), "device", device, "cpu or cuda")
     stages = parse_stages(args.stages)
-    model = parse_model(args.model or (DEFAULT_CPU_MODEL if device == "cpu" else DEFAULT_GPU_MODEL))
+    model_spec = args.model or (DEFAULT_CPU_MODEL if device == "cpu" else DEFAULT_GPU_MODEL)
+    model = parse_model(model_spec)
     precision = _precision(args.precision, device)
     if args.profile is not None:
         from zsim.calibrate.profile import load_profile
 
         load_profile(args.profile)  # a bad file is refused before anything runs
-
-    emulation = None
-    if args.topology is None:
-        require(device == "cpu", "topology", None, "a topology for cuda runs, e.g. 1x8-nvlink")
-        require(not args.emulate, "emulate", True, "a --topology with the nodes to emulate")
-        nproc = _int("nproc", args.nproc or "2")
-        nodes, ranks_per_node, simulated = 1, nproc, f"1x{nproc}-cpu"
-        presets.topology(simulated)
-    else:
-        topo = presets.topology(args.topology)
-        nodes, ranks_per_node, simulated = topo.nodes, topo.gpus_per_node, args.topology
-        require(
-            args.nproc is None or _int("nproc", args.nproc) == topo.world_size,
-            "nproc",
-            args.nproc,
-            f"{topo.world_size} (the ranks of {args.topology}) or not given",
-        )
-        if args.emulate:
-            require(device == "cpu", "emulate", True, "--device cpu (ranks as processes)")
-            check_can_emulate()
-            rate = topo.fabric.nic.bandwidth_bytes_per_s
-            scale = (
-                positive_number("scale", _float("scale", args.scale))
-                if args.scale is not None
-                else min(1.0, MAX_EMULATED_RATE_BPS / rate)
-            )
-            emulation = runner.EmulationPlan(
-                nodes, ranks_per_node, rate, scale, topo.fabric.nic.latency_s
-            )
-            simulated = f"{nodes}x{ranks_per_node}-cpu-{rate_name(rate * scale)}"
-            presets.topology(simulated)
-        else:
-            require(
-                nodes == 1,
-                "topology",
-                args.topology,
-                "one node, or add --emulate to emulate its nodes on this machine",
-            )
+    nodes, ranks_per_node, simulated, emulation = _cluster(args, device)
     require(args.scale is None or args.emulate, "scale", args.scale, "only with --emulate")
-    world = nodes * ranks_per_node
     cases = [
-        runner.Case(
-            name=f"z{int(stage)}",
-            model=model,
-            parallel=ParallelConfig(
-                dp=world,
-                zero_stage=stage,
-                micro_batch=_int("micro_batch", args.micro_batch),
-                grad_accum=_int("grad_accum", args.grad_accum),
-                precision=precision,
-            ),
-            topology=simulated,
-            nodes=nodes,
-            ranks_per_node=ranks_per_node,
-            device=device,
-            steps=_int("steps", args.steps),
-            warmup=_int("warmup", args.warmup or DEFAULT_WARMUP[device], zero=True),
-            timeout_s=_int("timeout", args.timeout),
-            launches=_int("launches", args.launches),
-        )
-        for stage in stages
+        _case(args, stage, model, precision, simulated, nodes, ranks_per_node) for stage in stages
     ]
     context = {
-        "model_spec": args.model or (DEFAULT_CPU_MODEL if device == "cpu" else DEFAULT_GPU_MODEL),
+        "model_spec": model_spec,
         "requested_topology": args.topology or simulated,
         "emulated": bool(emulation),
         "profile": str(args.profile) if args.profile else "",
     }
     return _run(args, cases, emulation, context)
+
+
+def _cluster(args: argparse.Namespace, device: str) -> tuple[int, int, str, Any]:
+    """(nodes, ranks per node, the topology simulated, the emulation plan or None)."""
+    from zsim.inputs import presets
+    from zsim.testbed.emulation_plan import EmulationPlan
+
+    if args.topology is None:
+        require(device == "cpu", "topology", None, "a topology for cuda runs, e.g. 1x8-nvlink")
+        require(not args.emulate, "emulate", True, "a --topology with the nodes to emulate")
+        nproc = _int("nproc", args.nproc or "2")
+        presets.topology(f"1x{nproc}-cpu")
+        return 1, nproc, f"1x{nproc}-cpu", None
+    topo = presets.topology(args.topology)
+    require(
+        args.nproc is None or _int("nproc", args.nproc) == topo.world_size,
+        "nproc",
+        args.nproc,
+        f"{topo.world_size} (the ranks of {args.topology}) or not given",
+    )
+    if not args.emulate:
+        require(
+            topo.nodes == 1,
+            "topology",
+            args.topology,
+            "one node, or add --emulate to emulate its nodes on this machine",
+        )
+        return topo.nodes, topo.gpus_per_node, args.topology, None
+    require(device == "cpu", "emulate", True, "--device cpu (ranks as processes)")
+    scale = None if args.scale is None else _float("scale", args.scale)
+    emulation = EmulationPlan.of(topo, scale)
+    presets.topology(emulation.topology)
+    return topo.nodes, topo.gpus_per_node, emulation.topology, emulation
+
+
+def _case(
+    args: argparse.Namespace,
+    stage: ZeroStage,
+    model: Any,
+    precision: Precision,
+    simulated: str,
+    nodes: int,
+    ranks_per_node: int,
+) -> Any:
+    from zsim.validate import runner
+
+    return runner.Case(
+        name=f"z{int(stage)}",
+        model=model,
+        parallel=ParallelConfig(
+            dp=nodes * ranks_per_node,
+            zero_stage=stage,
+            micro_batch=_int("micro_batch", args.micro_batch),
+            grad_accum=_int("grad_accum", args.grad_accum),
+            precision=precision,
+        ),
+        topology=simulated,
+        nodes=nodes,
+        ranks_per_node=ranks_per_node,
+        device=args.device,
+        steps=_int("steps", args.steps),
+        warmup=_int("warmup", args.warmup or DEFAULT_WARMUP[args.device], zero=True),
+        timeout_s=_int("timeout", args.timeout),
+        launches=_int("launches", args.launches),
+    )
 
 
 def _precision(text: str | None, device: str) -> Precision:
@@ -226,7 +227,7 @@ def _run(
     emulation: Any,
     context: dict[str, Any],
 ) -> int:
-    from zsim.validate import compare, runner
+    from zsim.validate import compare, results, runner
 
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -245,7 +246,7 @@ def _run(
     title = f"{context['model_spec']} on {context['requested_topology']}"
     if link is not None:
         title += f" (emulated at {link.rate_bps * 8 / 1e6:.0f} Mbit/s, scale {link.scale:g})"
-    table, summary = compare.write_results(rows, context, out, title, link)
+    table, summary = results.write_results(rows, context, out, title, link)
     _print(table, summary, out)
     return 0 if all(r.measurement.status is runner.Status.OK for r in rows) else 1
 

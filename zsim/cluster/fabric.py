@@ -182,19 +182,6 @@ def fabric_from_mapping(
         "one of " + ", ".join(sorted(gpu_names)) + " (or null for a CPU fabric)",
     )
     backend, call_latency_s = _backend(data, source)
-    nics = _section(data, "nics", source)
-    net = _section(data, "network", source)
-    _known(nics, {"per_node", "rate_Gbps", "link_class", "attach", "latency_us"}, source, "nics.")
-    _known(
-        net, {"rail_optimized", "leaf_ports", "oversubscription", "latency_us"}, source, "network."
-    )
-    attach = _choice(nics, "attach", NicAttach, source, "nics.")
-    require(
-        attach is NicAttach.HOST or pcie is not None,
-        f"{source}:nics.attach",
-        str(attach),
-        "`host` unless the node has `pcie`",
-    )
     pcie_map = data.get("pcie") or {}
     return FabricSpec(
         name=source,
@@ -210,18 +197,40 @@ def fabric_from_mapping(
         ),
         loopback=loopback,
         local_work=_local_work(data, source),
-        nics_per_node=positive_int(f"{source}:nics.per_node", nics.get("per_node")),
-        nic=LinkSpec(
+        **_network(data, source, has_pcie=pcie is not None),
+    )
+
+
+def _network(data: Mapping[str, Any], source: str, has_pcie: bool) -> dict[str, Any]:
+    """The NIC and switch fields of a FabricSpec, from the `nics` and `network` sections."""
+    nics = _section(data, "nics", source)
+    net = _section(data, "network", source)
+    _known(nics, {"per_node", "rate_Gbps", "link_class", "attach", "latency_us"}, source, "nics.")
+    _known(
+        net, {"rail_optimized", "leaf_ports", "oversubscription", "latency_us"}, source, "network."
+    )
+    attach = _choice(nics, "attach", NicAttach, source, "nics.")
+    require(
+        attach is NicAttach.HOST or has_pcie,
+        f"{source}:nics.attach",
+        str(attach),
+        "`host` unless the node has `pcie`",
+    )
+    return {
+        "nics_per_node": positive_int(f"{source}:nics.per_node", nics.get("per_node")),
+        "nic": LinkSpec(
             _rate_gbps(nics.get("rate_Gbps"), f"{source}:nics.rate_Gbps"),
             _latency(nics, source, "nics."),
         ),
-        nic_class=_nic_class(nics, source),
-        nic_attach=attach,
-        rail_optimized=_bool(net.get("rail_optimized", False), f"{source}:network.rail_optimized"),
-        leaf_ports=positive_int(f"{source}:network.leaf_ports", net.get("leaf_ports")),
-        oversubscription=_oversubscription(net, source),
-        switch_latency_s=_latency(net, source, "network."),
-    )
+        "nic_class": _nic_class(nics, source),
+        "nic_attach": attach,
+        "rail_optimized": _bool(
+            net.get("rail_optimized", False), f"{source}:network.rail_optimized"
+        ),
+        "leaf_ports": positive_int(f"{source}:network.leaf_ports", net.get("leaf_ports")),
+        "oversubscription": _oversubscription(net, source),
+        "switch_latency_s": _latency(net, source, "network."),
+    }
 
 
 def _known(data: Mapping[str, Any], allowed: set[str], source: str, prefix: str) -> None:

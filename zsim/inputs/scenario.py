@@ -76,6 +76,25 @@ def build_model(
     return models.with_overrides(base, **sizes)  # type: ignore[arg-type]
 
 
+_SHAPE_KEYS = ("layers", "hidden", "heads", "ffn-hidden", "seq-len", "vocab", "kv-heads")
+
+
+def parse_model(text: str) -> ModelSpec:
+    """`PRESET[:key=value,...]` -> a ModelSpec (keys as the shape flags: seq-len, hidden, ...)."""
+    name, _, rest = text.partition(":")
+    shape: dict[str, str | None] = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        require(
+            bool(eq) and key in _SHAPE_KEYS,
+            "model",
+            text,
+            f"PRESET[:key=value,...] with keys {', '.join(_SHAPE_KEYS)}",
+        )
+        shape[key.replace("-", "_")] = value
+    return build_model(name, None, **shape)
+
+
 def build_parallel(ds_config: Path | None = None, **flags: Any) -> ParallelConfig:
     """A ParallelConfig from flags, over a ds_config.json when one is given.
 

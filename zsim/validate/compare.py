@@ -7,9 +7,6 @@ profile. Nothing measured in validation goes into it, and nothing here writes to
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,8 +17,7 @@ import numpy as np
 
 from zsim.errors import InputError
 from zsim.memory import MemoryLedger, ledger
-from zsim.testbed.emulate import LinkEmulation
-from zsim.validate.runner import Case, Measurement, Status
+from zsim.validate.runner import Case, Measurement
 
 BAND_PERCENTILES = (5.0, 95.0)
 MEMORY_CATEGORIES = ("parameters", "gradients", "optimizer_states", "comm_buffers", "activations")
@@ -151,96 +147,3 @@ def compare(
     except PredictionUnavailable as exc:
         note = str(exc)
     return Compared(measurement, prediction, note, ledger(case.model, case.parallel))
-
-
-# ---- the table --------------------------------------------------------------------------------
-
-
-def row(c: Compared, context: dict[str, Any]) -> dict[str, Any]:
-    """One CSV row: the case, the status, step time predicted vs measured, memory by category."""
-    case, m, p = c.case, c.measurement, c.prediction
-    out: dict[str, Any] = {
-        "case": case.name,
-        "stage": int(case.parallel.zero_stage),
-        "model": case.model.name,
-        "params": case.model.total_params(),
-        "world": case.world,
-        "nodes": case.nodes,
-        "ranks_per_node": case.ranks_per_node,
-        "topology": case.topology,
-        "device": case.device,
-        "precision": str(case.parallel.precision),
-        "micro_batch": case.parallel.micro_batch,
-        "grad_accum": case.parallel.grad_accum,
-        "status": str(m.status),
-        "detail": m.detail,
-        "measured_step_s": m.step_time_s,
-        "predicted_step_s": p.step_time_s if p else None,
-        "predicted_low_s": p.low_s if p else None,
-        "predicted_high_s": p.high_s if p else None,
-        "step_error_pct": c.step_error_pct,
-        "prediction_note": c.prediction_note,
-        "measured_samples_per_s": m.samples_per_s,
-        "measured_tokens_per_s": m.tokens_per_s,
-        "measured_steps_s": " ".join(f"{t:.4f}" for t in m.step_times_s),
-    }
-    measured, predicted = c.measured_memory(), c.ledger_memory()
-    for cat in MEMORY_CATEGORIES:
-        got, want = measured[cat], predicted[cat]
-        out[f"measured_{cat}_bytes"] = got
-        out[f"ledger_{cat}_bytes"] = None if math.isnan(want) else want
-        out[f"{cat}_error_pct"] = (
-            error_pct(want, got) if got is not None and not math.isnan(want) else None
-        )
-    out["measured_other_bytes"] = (m.held_bytes or {}).get("other")
-    out["measured_peak_rss_bytes"] = m.peak_rss_bytes
-    out["measured_max_memory_allocated_bytes"] = m.max_memory_allocated_bytes
-    out["wall_s"] = round(m.wall_s, 1)
-    return out | context
-
-
-def to_csv(rows: Sequence[dict[str, Any]]) -> str:
-    buffer = io.StringIO()
-    columns = list(dict.fromkeys(k for r in rows for k in r))
-    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
-    writer.writeheader()
-    for r in rows:
-        writer.writerow({k: _cell(v) for k, v in r.items()})
-    return buffer.getvalue()
-
-
-def _cell(value: Any) -> Any:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return value
-
-
-def ok_cases(rows: Sequence[Compared]) -> list[Compared]:
-    return [r for r in rows if r.measurement.status is Status.OK]
-
-
-def write_results(
-    rows: Sequence[Compared],
-    context: dict[str, Any],
-    out: Path,
-    title: str,
-    link: LinkEmulation | None = None,
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """predicted_vs_measured.csv and .png, and summary.json (MAPE, statuses, the emulation)."""
-    from zsim.validate import plots
-
-    table = [row(r, context) for r in rows]
-    (out / "predicted_vs_measured.csv").write_text(to_csv(table))
-    fig = plots.figure(rows, title)
-    fig.savefig(out / "predicted_vs_measured.png", dpi=120)
-    summary = {
-        "mape_pct": mape(rows),
-        "cases": {r.case.name: str(r.measurement.status) for r in rows},
-        "step_error_pct": {r.case.name: r.step_error_pct for r in rows},
-        "emulation": link.as_dict() if link is not None else None,
-        "context": context,
-    }
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    return table, summary

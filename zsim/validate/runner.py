@@ -13,10 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -26,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from zsim.errors import positive_int, require
-from zsim.testbed import procs
+from zsim.testbed import procs, torchrun
 from zsim.testbed.emulate import NODE_DEV, EmulatedCluster, LinkEmulation
+from zsim.testbed.emulation_plan import EmulationPlan, emulated
 from zsim.workload.ds_config import to_ds_config
 from zsim.workload.model import ModelSpec
 from zsim.workload.parallel import ParallelConfig, Precision
@@ -128,30 +126,6 @@ def worker_input(case: Case, collective_timeout_s: float) -> dict[str, Any]:
     }
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def _launcher_argv(
-    case: Case, node: int, master: str, port: int, worker: Sequence[str], files: Sequence[str]
-) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nnodes={case.nodes}",
-        f"--node_rank={node}",
-        f"--nproc_per_node={case.ranks_per_node}",
-        f"--master_addr={master}",
-        f"--master_port={port}",
-        "--max_restarts=0",
-        *worker,
-        *files,
-    ]
-
-
 def _env(case: Case, ifname: str, tmp: Path) -> dict[str, str]:
     threads = max(1, (os.cpu_count() or 1) // case.world)
     allocator = procs.CPU_ALLOCATOR_ENV if case.device == "cpu" else {}
@@ -188,52 +162,38 @@ def run_case(
     run_dir.mkdir(parents=True)
     case_file = run_dir / "case.json"
     case_file.write_text(json.dumps(worker_input(case, case.timeout_s), indent=1))
-    tag = procs.new_tag("run")
-    started: list[subprocess.Popen[bytes]] = []
+    logs = [run_dir / f"node{node}.log" for node in range(case.nodes)]
+    program = (*worker, str(case_file), str(run_dir))
+    master = "127.0.0.1" if cluster is None else cluster.address(0)
+    port = 0 if cluster is None else next(_EMULATED_PORTS)
+    job = torchrun.Torchrun(program, case.nodes, case.ranks_per_node, master, port)
     begin = time.monotonic()
+    tick = None if progress is None else (lambda: progress(case.name))
     with tempfile.TemporaryDirectory(prefix="zsim-validate-") as tmp:
         env = _env(case, "lo" if cluster is None else NODE_DEV, Path(tmp))
-        port = free_port() if cluster is None else next(_EMULATED_PORTS)
-        master = "127.0.0.1" if cluster is None else cluster.address(0)
-        files = [str(case_file), str(run_dir)]
         try:
-            for node in range(case.nodes):
-                argv = _launcher_argv(case, node, master, port, worker, files)
-                with (run_dir / f"node{node}.log").open("wb") as log:
-                    out = {"stdout": log, "stderr": subprocess.STDOUT}
-                    if cluster is None:
-                        started.append(procs.spawn(argv, tag, env, **out))
-                    else:
-                        started.append(cluster.popen(node, argv, env, tag=tag, **out))
-            status, detail = _wait(started, case.timeout_s, progress, case.name)
+            ended = torchrun.run(
+                job,
+                env,
+                logs,
+                node_ranks=range(case.nodes),
+                cluster=cluster,
+                timeout_s=case.timeout_s,
+                on_tick=tick,
+            )
+            status, detail = _status(ended, case.timeout_s)
         except OSError as exc:
             status, detail = Status.LAUNCH_ERROR, f"{type(exc).__name__}: {exc}"
-        finally:
-            procs.stop(started, tag)
     return _collect(case, run_dir, status, detail, time.monotonic() - begin)
 
 
-def _wait(
-    started: Sequence[subprocess.Popen[bytes]],
-    timeout_s: float,
-    progress: Progress | None,
-    name: str,
-) -> tuple[Status, str]:
-    """Until every launcher exits 0 (OK), one fails (FAILED), or time runs out (TIMEOUT)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        codes = [procs.exit_code(p) for p in started]
-        failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
-        if failed:
-            node, code = failed[0]
-            return Status.FAILED, f"launcher on node {node} exited with {code}"
-        if all(c == 0 for c in codes):
-            return Status.OK, ""
-        if time.monotonic() > deadline:
-            return Status.TIMEOUT, f"stopped after {timeout_s:.0f} s"
-        if progress is not None:
-            progress(name)
-        time.sleep(0.2)
+def _status(ended: torchrun.Ended, timeout_s: float) -> tuple[Status, str]:
+    failure = ended.failure
+    if failure is not None:
+        return Status.FAILED, f"launcher on node {failure[0]} exited with {failure[1]}"
+    if ended.timed_out:
+        return Status.TIMEOUT, f"stopped after {timeout_s:.0f} s"
+    return Status.OK, ""
 
 
 def _collect(case: Case, run_dir: Path, status: Status, detail: str, wall_s: float) -> Measurement:
@@ -253,7 +213,9 @@ def _collect(case: Case, run_dir: Path, status: Status, detail: str, wall_s: flo
         status, detail = Status.FAILED, "no result.json from rank 0"
     if status is not Status.OK:
         if not detail or detail.startswith("launcher"):
-            detail = (detail + "; " if detail else "") + _log_tail(run_dir)
+            tail = torchrun.log_tail(sorted(run_dir.glob("node*.log")))
+            text = " | ".join(t.strip()[:200] for t in tail) or "no output"
+            detail = (detail + "; " if detail else "") + text
         if status is Status.FAILED and not errors and _killed(run_dir):
             detail = "a rank was killed by SIGKILL (the kernel's OOM killer?); " + detail
         return Measurement(case, status, detail, wall_s=wall_s)
@@ -297,34 +259,9 @@ def _killed(run_dir: Path) -> bool:
     return any("SIGKILL" in log.read_text(errors="replace") for log in run_dir.glob("node*.log"))
 
 
-def _log_tail(run_dir: Path, lines: int = 3) -> str:
-    """The last lines of the launchers' logs that say something (errors first)."""
-    text = []
-    for log in sorted(run_dir.glob("node*.log")):
-        text += log.read_text(errors="replace").splitlines()
-    errors = [t for t in text if "Error" in t or "error" in t]
-    chosen = (errors or text)[-lines:]
-    return " | ".join(t.strip()[:200] for t in chosen) or "no output"
-
-
 def default_precision(device: str) -> Precision:
     """fp32 on CPU (DeepSpeed's fused 16-bit paths are GPU kernels), fp16 on GPU."""
     return Precision.FP32 if device == "cpu" else Precision.FP16
-
-
-@dataclass(frozen=True)
-class EmulationPlan:
-    """The cluster to emulate: the topology's inter-node rate times `scale` is applied."""
-
-    nodes: int
-    ranks_per_node: int
-    topology_rate_bps: float
-    scale: float
-    latency_s: float = 0.0
-
-    @property
-    def rate_bps(self) -> float:
-        return self.topology_rate_bps * self.scale
 
 
 def run_all(
@@ -347,18 +284,12 @@ def _run_all(
     worker: Sequence[str],
     progress: Callable[[str, Measurement | None], None] | None,
 ) -> tuple[list[Measurement], LinkEmulation | None]:
-    if emulation is None:
-        return [_one(c, out_dir, None, worker, progress) for c in cases], None
-    with EmulatedCluster(
-        nodes=emulation.nodes,
-        ranks_per_node=emulation.ranks_per_node,
-        rate_bps=emulation.topology_rate_bps,
-        scale=emulation.scale,
-        latency_s=emulation.latency_s,
-    ) as cluster:
+    with emulated(emulation) as cluster:
+        if cluster is None:
+            return [_one(c, out_dir, None, worker, progress) for c in cases], None
         if progress is not None:
             progress("measuring the emulated link", None)
-        if emulation.nodes > 1:
+        if cluster.nodes > 1:
             cluster.measure_rate_bps(0, 1, nbytes=_probe_bytes(cluster.applied_rate_bps))
         measured = [_one(c, out_dir, cluster, worker, progress) for c in cases]
         return measured, cluster.emulation

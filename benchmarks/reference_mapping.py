@@ -1,0 +1,380 @@
+"""How a published training run becomes a zsim scenario: the reference rows read, each mapped
+to a model shape, a parallel layout, a ZeRO stage, recompute, precision and a cluster, and its
+measured step time (a row that reports only TFLOP/s is converted with its source's own formula,
+never with zsim's). Used by bench_reference_runs.py."""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from zsim.errors import InputError
+from zsim.workload.model import ModelSpec
+from zsim.workload.model_presets import preset, with_overrides
+from zsim.workload.parallel import (
+    ParallelConfig,
+    PipelineSchedule,
+    Precision,
+    Recompute,
+    ZeroKnobs,
+    ZeroStage,
+)
+
+HERE = Path(__file__).resolve().parent
+REFERENCE = HERE / "reference"
+RESULTS = HERE / "results"
+CSV_OUT = RESULTS / "reference_runs.csv"
+MD_OUT = RESULTS / "reference_runs.md"
+BEGIN, END = "<!-- tables:begin -->", "<!-- tables:end -->"
+
+FILES = {
+    "megatron": "runs_megatron_3d_parallel.csv",
+    "bloom": "runs_bloom_3d_zero1.csv",
+    "fsdp": "runs_fsdp.csv",
+    "zero": "runs_zero_deepspeed.csv",
+}
+# Megatron-Core's default gradient bucket (DistributedDataParallelConfig.bucket_size)
+MCORE_BUCKET = 40_000_000
+
+
+class Skip(Exception):
+    """A row that cannot be mapped to a zsim scenario; the message says why."""
+
+
+@dataclass(frozen=True)
+class Case:
+    row_id: str
+    file: str
+    source_id: str
+    model: ModelSpec
+    parallel: ParallelConfig
+    fabric: str  # a preset fabric name or a YAML file under benchmarks/reference/
+    nodes: int
+    gpus_per_node: int
+    gpu: str
+    measured_s: float
+    measured_from: str
+    assumed: tuple[str, ...] = field(default=())  # training settings the source leaves out
+    notes: tuple[str, ...] = field(default=())  # how the model and cluster were approximated
+
+    def scenario(self) -> str:
+        m, c = self.model, self.parallel
+        shape = f"l{m.layers} h{m.hidden} a{m.heads}"
+        shape += f" kv{m.kv_heads}" if m.kv_heads else ""
+        shape += f" f{m.ffn_hidden} s{m.seq_len} V{m.vocab}"
+        layout = f"tp{c.tp} pp{c.pp}" + (f" v{c.virtual_stages}" if c.virtual_stages > 1 else "")
+        layout += f" dp{c.dp} mb{c.micro_batch} ga{c.grad_accum} z{int(c.zero_stage)}"
+        flags = [str(c.recompute), str(c.precision)]
+        flags += ["sp"] if c.sequence_parallel else []
+        flags += ["flash"] if c.flash_attention else []
+        cluster = f"{self.nodes}x{self.gpus_per_node}-{Path(self.fabric).stem} {self.gpu}"
+        return f"{shape}; {layout} {' '.join(flags)}; {cluster}"
+
+
+# ---- reading a row --------------------------------------------------------------------------
+
+_NUMBER = re.compile(r"^\s*(\d[\d,]*(?:\.\d+)?)(?![\w.])")
+
+
+def num(row: dict[str, str], key: str) -> float | None:
+    """The row's number in `key` (the mean when it lists several as 'a / b / c')."""
+    text = row.get(key, "").strip()
+    parts = text.split(" / ")
+    values = []
+    for part in parts:
+        match = _NUMBER.match(part)
+        if not match:
+            return None
+        values.append(float(match.group(1).replace(",", "")))
+    return statistics.fmean(values) if values else None
+
+
+def integer(row: dict[str, str], key: str) -> int | None:
+    value = num(row, key)
+    if value is None:
+        return None
+    if not float(value).is_integer():
+        raise Skip(f"{key}={row[key]!r} is not a whole number")
+    return int(value)
+
+
+def text(row: dict[str, str], key: str) -> str:
+    return row.get(key, "").strip().lower()
+
+
+# ---- mapping --------------------------------------------------------------------------------
+
+
+def framework(row: dict[str, str]) -> str:
+    """The software family a row ran on; it sets the defaults for what the row leaves out."""
+    fw, source = text(row, "system_framework"), text(row, "source_id")
+    if "nemo" in fw or "megatron-core" in fw:
+        return "mcore"
+    if source.startswith("megatron_readme"):
+        return "megatron"
+    if source.startswith("bigscience"):
+        return "bloom"
+    if source.startswith("mosaicml"):
+        return "mpt"
+    if source.startswith("torchtitan"):
+        return "torchtitan"
+    if source.startswith("deepspeed"):
+        return "deepspeed"
+    return source
+
+
+def model_of(row: dict[str, str], fw: str, assumed: list[str], notes: list[str]) -> ModelSpec:
+    layers, hidden, heads = (integer(row, k) for k in ("num_layers", "hidden_size", "num_heads"))
+    if not (layers and hidden and heads):
+        raise Skip("model shape (layers/hidden/heads) not given")
+    seq = integer(row, "seq_len")
+    default = re.search(r"default (\d+)", row["seq_len"])
+    if seq is None and default:  # "not stated (example default 1024)"
+        seq = int(default.group(1))
+        assumed.append(f"seq {seq} (the example's default)")
+    elif "inferred" in text(row, "seq_len") or "default" in text(row, "seq_len"):
+        assumed.append(f"seq {seq} (source: {row['seq_len']})")
+    if seq is None:
+        raise Skip("sequence length not given")
+    vocab = integer(row, "vocab_size")
+    if vocab is None and fw == "bloom":
+        vocab = 250880  # BLOOM's padded vocabulary (the row's "~250k")
+        notes.append("vocab 250880")
+    if vocab is None and fw == "deepspeed":
+        vocab = 50304  # Megatron's GPT-2 vocabulary 50257 padded to a multiple of 128
+        notes.append("vocab 50304")
+    if vocab is None:
+        raise Skip("vocabulary not given")
+    llama = "llama" in text(row, "model_name")
+    base = preset("llama-70b" if llama else "gpt-175b")
+    kv = integer(row, "num_kv_heads")
+    ffn = integer(row, "ffn_hidden") or (None if llama else 4 * hidden)
+    if ffn is None:
+        raise Skip("ffn hidden size not given")
+    model = with_overrides(
+        base,
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        ffn_hidden=ffn,
+        seq_len=seq,
+        vocab=vocab,
+        kv_heads=0 if kv is None or kv == heads else kv,
+    )
+    if fw == "bloom":  # ALiBi positions, no dropout (tr11 configs)
+        model = replace(model, learned_positions=False, dropout=False)
+    if fw == "mpt":  # llm-foundry MPT: no_bias, dropout 0
+        model = replace(model, bias=False, dropout=False)
+    return replace(model, name=row["model_name"])
+
+
+def zero_stage(row: dict[str, str], fw: str, assumed: list[str]) -> ZeroStage:
+    z = text(row, "zero_stage_or_sharding")
+    if "zero++" in z or "hpz" in z:
+        raise Skip("ZeRO++ (hpZ/qwZ/qgZ) is not modelled")
+    if "full_shard" in z or "fully_shard" in z or "zero-3" in z:
+        return ZeroStage.PARAMETERS
+    if "shard_grad_op" in z or "zero-2" in z:
+        return ZeroStage.GRADIENTS
+    if "zero-1" in z:
+        return ZeroStage.OPTIMIZER
+    if "zero-0" in z or "ddp" in z:
+        return ZeroStage.NONE
+    if fw == "mcore":
+        assumed.append("distributed optimizer (ZeRO-1), overlapped grad reduce")
+        return ZeroStage.OPTIMIZER
+    if fw == "megatron":
+        return ZeroStage.NONE  # Megatron-LM 2020-21: plain data-parallel all-reduce
+    raise Skip(f"ZeRO stage / sharding not given ({row['zero_stage_or_sharding']!r})")
+
+
+def recompute(row: dict[str, str], fw: str, assumed: list[str]) -> Recompute:
+    r = text(row, "activation_recompute")
+    if r.startswith("selective layer"):
+        raise Skip("per-layer selective checkpointing (every n-th block) is not modelled")
+    if r.startswith(("full", "yes")):
+        return Recompute.FULL
+    if r.startswith("selective"):
+        return Recompute.SELECTIVE
+    if r.startswith("none"):
+        return Recompute.NONE
+    default = {
+        "megatron": Recompute.FULL,  # --checkpoint-activations in the 2020-21 scripts
+        "deepspeed": Recompute.FULL,  # the Megatron GPT-2 examples checkpoint activations
+        "mcore": Recompute.NONE,  # Megatron-Core / NeMo default
+    }
+    if fw not in default:
+        raise Skip(f"activation recompute not given ({row['activation_recompute']!r})")
+    assumed.append(f"recompute {default[fw]}")
+    return default[fw]
+
+
+def precision(row: dict[str, str]) -> Precision:
+    p = text(row, "precision")
+    if "fp8" in p or "float8" in p:
+        raise Skip("FP8 training is not modelled (precision is fp16/bf16/fp32)")
+    return Precision.BF16 if "bf16" in p else Precision.FP16
+
+
+def layout(row: dict[str, str], fw: str, assumed: list[str]) -> tuple[int, int, int, int, int, int]:
+    """(tp, pp, dp, virtual stages, micro-batch, grad accumulation)."""
+    if (integer(row, "cp") or 1) > 1:
+        raise Skip(f"context parallelism (cp={row['cp']}) is not modelled")
+    gpus = integer(row, "num_gpus")
+    tp, pp, dp = (integer(row, k) for k in ("tp", "pp", "dp"))
+    if gpus is None or tp is None or pp is None:
+        raise Skip("GPU count or TP/PP layout not given")
+    dp = dp or gpus // (tp * pp)
+    if tp * pp * dp != gpus:
+        raise Skip(f"tp*pp*dp = {tp * pp * dp} != {gpus} GPUs")
+    vpp = integer(row, "vpp") or 1
+    batch = integer(row, "global_batch_size")
+    if batch is None:
+        raise Skip("global batch not given")
+    micro = integer(row, "micro_batch_size")
+    if micro is None and row["source_id"] == "megatron_readme_2020_09":
+        micro = batch // dp  # Megatron-LM 2020 had no gradient accumulation: one micro-batch
+        assumed.append(f"micro-batch {micro} (= per-replica batch)")
+    if micro is None and fw in ("megatron", "mcore"):
+        micro = 1
+        assumed.append("micro-batch 1")
+    if micro is None:
+        raise Skip("micro-batch not given")
+    accum, rest = divmod(batch, micro * dp)
+    if rest or accum < 1:
+        raise Skip(f"global batch {batch} is not a multiple of micro {micro} x dp {dp}")
+    return tp, pp, dp, vpp, micro, accum
+
+
+def measured(row: dict[str, str], model: ModelSpec) -> tuple[float, str]:
+    """The measured step time and where it came from (the row's own numbers only)."""
+    batch, gpus = integer(row, "global_batch_size") or 0, integer(row, "num_gpus") or 0
+    tokens = batch * model.seq_len
+    if (step := num(row, "step_time_s")) is not None:
+        return step, "step_time_s"
+    if (tps := num(row, "tokens_per_s")) is not None:
+        return tokens / tps, "tokens_per_s"
+    if (tpg := num(row, "tokens_per_s_per_gpu")) is not None:
+        return tokens / (tpg * gpus), "tokens_per_s_per_gpu"
+    if (sps := num(row, "samples_per_s")) is not None:
+        return batch / sps, "samples_per_s"
+    if (step := num(row, "derived_step_time_s")) is not None:
+        return step, "derived_step_time_s (source's FLOP formula)"
+    tflops, definition = num(row, "tflops_per_gpu"), text(row, "tflops_definition")
+    if tflops is not None and "megatron flop formula (includes recompute)" in definition:
+        return megatron_flops(model, batch, recompute=True) / (tflops * 1e12 * gpus), (
+            "tflops_per_gpu (Megatron hardware formula)"
+        )
+    if tflops is not None and definition.startswith("model tflop/s"):
+        return megatron_flops(model, batch, recompute=False) / (tflops * 1e12 * gpus), (
+            "tflops_per_gpu (Megatron model formula)"
+        )
+    raise Skip("no step time, throughput or convertible TFLOP/s")
+
+
+def megatron_flops(model: ModelSpec, batch: int, recompute: bool) -> float:
+    """The FLOPs of one step by the formula the Megatron sources report TFLOP/s with
+    (Narayanan et al. 2021, section 5.1): 96 B s l h^2 (1 + s/6h + V/16lh) with recompute,
+    72 B s l h^2 (1 + s/6h + V/12lh) without. Used only to convert a reported TFLOP/s back
+    to the step time it was computed from."""
+    b, s, layers, h, v = batch, model.seq_len, model.layers, model.hidden, model.vocab
+    if recompute:
+        return 96 * b * s * layers * h**2 * (1 + s / (6 * h) + v / (16 * layers * h))
+    return 72 * b * s * layers * h**2 * (1 + s / (6 * h) + v / (12 * layers * h))
+
+
+def cluster(row: dict[str, str], notes: list[str]) -> tuple[str, int, str]:
+    """(fabric preset or YAML, GPUs per node, GPU preset) closest to the row's cluster."""
+    gpu_type, net = text(row, "gpu_type"), text(row, "node_interconnect")
+    if "v100" in gpu_type:
+        return str(REFERENCE / "dgx2-v100.yaml"), 16, "v100-32gb"
+    if "a100" in gpu_type:
+        gpu = "a100-40gb" if "40" in gpu_type else "a100-80gb"
+        if "jean zay" in net:
+            return str(REFERENCE / "jean-zay-a100.yaml"), 8, gpu
+        if "hdr ib" not in net and "selene" not in net and "dgx-a100" not in net:
+            notes.append("network as DGX A100 8x200 Gb/s IB")
+        return "dgx-a100", 8, gpu
+    if "h100" in gpu_type:
+        if "grand teton" in net:
+            notes.append("H100 96GB HBM2e 500W run on the H100 SXM preset")
+            return "roce", 8, "h100-sxm"
+        if "eos" not in net:
+            notes.append("network as DGX H100 8x400 Gb/s IB")
+        return "dgx-h100", 8, "h100-sxm"
+    raise Skip(f"no GPU preset for {row['gpu_type']!r}")
+
+
+def flash(fw: str) -> bool:
+    """FlashAttention where the software used it: Megatron-Core/NeMo, MPT (attn_impl flash),
+    torchtitan (SDPA flash); not in Megatron-LM 2020-21, BLOOM's Megatron-DeepSpeed or the
+    DeepSpeed tutorials' Megatron GPT-2."""
+    return fw in ("mcore", "mpt", "torchtitan")
+
+
+def block_params(model: ModelSpec, tp: int) -> int:
+    return next(x.params(tp) for x in model.layer_list() if str(x.kind) == "block")
+
+
+def map_row(row: dict[str, str], file: str) -> Case:
+    fw = framework(row)
+    assumed: list[str] = []
+    notes: list[str] = []
+    if text(row, "offload") not in ("", "none"):
+        raise Skip("CPU offload needs a host-Adam rate, which no GPU preset has")
+    model = model_of(row, fw, assumed, notes)
+    tp, pp, dp, vpp, micro, accum = layout(row, fw, assumed)
+    per_stage = pp * vpp
+    if model.layers % per_stage:
+        rounded = -(-model.layers // per_stage) * per_stage
+        notes.append(f"layers {model.layers}->{rounded} (pp*v={per_stage}: the fullest stage)")
+        model = replace(model, layers=rounded)
+    stage = zero_stage(row, fw, assumed)
+    knobs = ZeroKnobs()
+    if fw == "mcore":
+        knobs = ZeroKnobs(reduce_bucket_size=MCORE_BUCKET, overlap_comm=True)
+    if fw in ("mpt", "torchtitan") and stage >= ZeroStage.GRADIENTS:
+        unit = block_params(model, tp)  # FSDP wraps each block: gather / reduce per block
+        knobs = ZeroKnobs(reduce_bucket_size=unit, prefetch_bucket_size=unit, overlap_comm=True)
+    seq_par = text(row, "sequence_parallel") in ("yes", "true", "1")
+    if fw == "mcore" and tp > 1 and not row.get("sequence_parallel"):
+        seq_par = True
+        assumed.append("sequence parallel")
+    try:
+        parallel = ParallelConfig(
+            dp=dp,
+            tp=tp,
+            pp=pp,
+            zero_stage=stage,
+            micro_batch=micro,
+            grad_accum=accum,
+            precision=precision(row),
+            recompute=recompute(row, fw, assumed),
+            sequence_parallel=seq_par,
+            pp_schedule=PipelineSchedule.INTERLEAVED if vpp > 1 else PipelineSchedule.ONE_F_ONE_B,
+            virtual_stages=vpp,
+            flash_attention=flash(fw),
+            knobs=knobs,
+        )
+    except InputError as exc:
+        raise Skip(f"zsim refuses the layout: {exc}") from None
+    fabric, per_node, gpu = cluster(row, notes)
+    step, source = measured(row, model)
+    return Case(
+        row_id=row["row_id"],
+        file=file,
+        source_id=row["source_id"],
+        model=model,
+        parallel=parallel,
+        fabric=fabric,
+        nodes=math.ceil(parallel.world_size / per_node),
+        gpus_per_node=per_node,
+        gpu=gpu,
+        measured_s=step,
+        measured_from=source,
+        assumed=tuple(assumed),
+        notes=tuple(notes),
+    )
