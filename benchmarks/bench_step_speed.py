@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from results_md import write_block
 
 from zsim.cluster.topology import Topology
 from zsim.inputs import presets
@@ -39,7 +40,6 @@ from zsim.workload.model_presets import preset
 from zsim.workload.parallel import ParallelConfig
 
 MD_OUT = Path(__file__).resolve().parent / "results" / "step_speed.md"
-BEGIN, END = "<!-- tables:begin -->", "<!-- tables:end -->"
 MODEL = preset("gpt-175b")
 DEVICE = presets.gpu("a100-80gb")
 
@@ -157,10 +157,7 @@ def scaling(
 
 
 def write_md(block: str) -> None:
-    old = MD_OUT.read_text(encoding="utf-8") if MD_OUT.exists() else f"{BEGIN}\n{END}\n"
-    head, _, rest = old.partition(BEGIN)
-    _, _, tail = rest.partition(END)
-    MD_OUT.write_text(f"{head}{BEGIN}\n{block}{END}{tail}", encoding="utf-8")
+    write_block(MD_OUT, block)
 
 
 def main(argv: list[str] | None = None) -> int:

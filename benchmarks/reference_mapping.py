@@ -28,7 +28,6 @@ REFERENCE = HERE / "reference"
 RESULTS = HERE / "results"
 CSV_OUT = RESULTS / "reference_runs.csv"
 MD_OUT = RESULTS / "reference_runs.md"
-BEGIN, END = "<!-- tables:begin -->", "<!-- tables:end -->"
 
 FILES = {
     "megatron": "runs_megatron_3d_parallel.csv",

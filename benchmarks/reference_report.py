@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from reference_mapping import FILES, MD_OUT
-
-BEGIN, END = "<!-- tables:begin -->", "<!-- tables:end -->"
+from results_md import write_block
 
 COLUMNS = [
     "row_id",
@@ -171,10 +170,7 @@ def _not_simulated(results: list[dict[str, Any]]) -> list[str]:
 
 
 def write_md(block: str) -> None:
-    old = MD_OUT.read_text(encoding="utf-8") if MD_OUT.exists() else f"{BEGIN}\n{END}\n"
-    head, _, rest = old.partition(BEGIN)
-    _, _, tail = rest.partition(END)
-    MD_OUT.write_text(f"{head}{BEGIN}\n{block}{END}{tail}", encoding="utf-8")
+    write_block(MD_OUT, block)
 
 
 def load_results(path: Path) -> list[dict[str, Any]]:

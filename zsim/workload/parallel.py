@@ -14,7 +14,7 @@ from zsim.errors import InputError, positive_int, require
 
 STAGE0_ALLREDUCE_BUCKET_NUMEL = 500_000_000
 """Elements per all-reduce bucket of DeepSpeed's stage 0 (`MEMORY_OPT_ALLREDUCE_SIZE`,
-deepspeed/runtime/constants.py; `DeepSpeedEngine.allreduce_gradients` ->
+deepspeed/runtime/engine.py:151, the default of `DeepSpeedEngine.allreduce_gradients` ->
 `buffered_allreduce_fallback`): the schedule's buckets and the ledger's flattened copy."""
 
 
