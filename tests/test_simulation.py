@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from zsim.cluster.device import ComputeRates, DeviceProfile
+from zsim.errors import InputError
 from zsim.inputs import presets
 from zsim.simulation import simulate
 from zsim.workload.model_presets import preset, with_overrides
@@ -145,3 +146,26 @@ def test_deepspeed_pipeline_bubble(p, m):
     cfg = ParallelConfig(pp=p, grad_accum=m, micro_batch=2)
     step = simulate(MLP, cfg, IDEAL, flat_device()).step_time_s
     assert (step - ideal_step(cfg)) / step == pytest.approx((p - 1) / (m + p - 1), rel=1e-3)
+
+
+def test_a_straggler_sets_the_step_of_every_rank_it_syncs_with():
+    # on a network where communication costs nothing, a data-parallel step is compute then
+    # a blocking all-reduce: the step waits for the slowest rank, f x slower (f x the step)
+    topo = presets.topology(str(Path(__file__).parent / "data" / "ideal-8.yaml"))
+    model, cfg = preset("gpt-125m"), ParallelConfig(dp=8, micro_batch=2)
+    gpu = presets.gpu("a100-80gb")
+    base = simulate(model, cfg, topo, gpu, full=True).step_time_s
+    slow = simulate(model, cfg, topo, gpu, full=True, stragglers={5: 1.25}).step_time_s
+    assert slow == pytest.approx(1.25 * base, rel=1e-6)
+
+
+def test_stragglers_need_every_rank_simulated_and_a_real_rank():
+    topo = presets.topology("2x4-ethernet")
+    model, cfg, gpu = preset("gpt-125m"), ParallelConfig(dp=8), presets.gpu("a100-80gb")
+    for kwargs, needle in (
+        ({"stragglers": {1: 2.0}}, "--full"),
+        ({"full": True, "stragglers": {8: 2.0}}, "a rank in 0..7"),
+        ({"full": True, "stragglers": {1: 0.5}}, ">= 1"),
+    ):
+        with pytest.raises(InputError, match=needle):
+            simulate(model, cfg, topo, gpu, **kwargs)

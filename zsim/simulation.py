@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +13,7 @@ from zsim.cluster.device import DeviceProfile
 from zsim.cluster.fabric import Backend
 from zsim.cluster.grid import RankGrid
 from zsim.cluster.topology import Topology
+from zsim.errors import require
 from zsim.memory import MemoryLedger, peak_ledger
 from zsim.network.communicator import Communicator
 from zsim.step.builder import build_program
@@ -78,6 +80,17 @@ def step_flops(model: ModelSpec, cfg: ParallelConfig) -> tuple[float, float]:
     return 3 * forward, 3 * forward + replay
 
 
+def check_stragglers(stragglers: Mapping[int, float], world: int, full: bool) -> None:
+    """Stragglers need every rank simulated; each is a rank of the job, slowed by >= 1x."""
+    if not stragglers:
+        return
+    rank, factor = next(iter(stragglers.items()))
+    require(full, "straggler", f"{rank}:{factor}", "--full (a straggler breaks the symmetry)")
+    for rank, factor in stragglers.items():
+        require(0 <= rank < world, "straggler", rank, f"a rank in 0..{world - 1}")
+        require(1.0 <= factor < float("inf"), "straggler", factor, "a slowdown factor >= 1")
+
+
 def simulate(
     model: ModelSpec,
     parallel: ParallelConfig,
@@ -85,18 +98,22 @@ def simulate(
     device: DeviceProfile,
     *,
     full: bool = False,
+    stragglers: Mapping[int, float] | None = None,
 ) -> Report:
-    """Simulate one step. `full` simulates every rank instead of one per pipeline stage."""
+    """Simulate one step. `full` simulates every rank instead of one per pipeline stage;
+    `stragglers` (rank -> factor, with `full`) runs those ranks' kernels that much slower."""
+    check_stragglers(stragglers or {}, parallel.world_size, full)
     topology = apply_profile(topology, device)  # a calibrated profile's links and call latency
     grid = RankGrid(dp=parallel.dp, pp=parallel.pp, tp=parallel.tp)
     gloo = topology.fabric.backend is Backend.GLOO
     env = simpy.Environment()
     comms = Communicator(env, topology)
-    tp_time = tp_fixed_time(grid, comms)
+    # a straggler's passes are not the template's: no fused passes then
+    tp_time = None if stragglers else tp_fixed_time(grid, comms)
     programs = [
         build_program(model, parallel, device, s, gloo, tp_time) for s in range(parallel.pp)
     ]
-    result = Engine(programs, grid, comms, full=full).run()
+    result = Engine(programs, grid, comms, full=full, slowdown=stragglers).run()
     step = result.end_s
     by_rank: dict[int, list[Span]] = {}
     for span in result.spans:

@@ -171,7 +171,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"the {world} GPUs of {topology.name} (dp={cfg.dp}, tp={cfg.tp}, pp={cfg.pp})",
         )
     device = _device(args, topology)
-    report = simulate(model, cfg, topology, device, full=args.full)
+    stragglers = parse_stragglers(args.straggler or [])
+    report = simulate(model, cfg, topology, device, full=args.full, stragglers=stragglers)
     summary = render.run_report(model, cfg, topology.name, device, report)
     if args.trace:
         _write(args.trace, json.dumps(chrome_trace(report.engine.spans)))
@@ -207,6 +208,18 @@ def _write(path: Path, content: Any) -> None:
         raise InputError("output", str(path), f"a writable path ({exc.strerror})") from None
 
 
+def parse_stragglers(items: list[str]) -> dict[int, float]:
+    """`RANK:FACTOR` items -> {rank: factor}."""
+    out: dict[int, float] = {}
+    for item in items:
+        rank, _, factor = item.partition(":")
+        try:
+            out[int(rank)] = float(factor)
+        except ValueError:
+            raise InputError("straggler", item, "RANK:FACTOR, e.g. 3:1.2") from None
+    return out
+
+
 def cmd_models(args: argparse.Namespace) -> int:
     rows = [render.model_row(m) for m in PRESETS.values()]
     print(json.dumps(rows, indent=2)) if args.json else render.print_rows(rows, "Model presets")
@@ -232,6 +245,12 @@ def add_commands(sub: Any) -> None:
     run.add_argument("--gpu", help="GPU preset, instead of the topology's (see `zsim gpus`)")
     run.add_argument("--profile", type=Path, help="a calibrated profile (zsim calibrate)")
     run.add_argument("--full", action="store_true", help="simulate every rank, not one per stage")
+    run.add_argument(
+        "--straggler",
+        action="append",
+        metavar="RANK:FACTOR",
+        help="with --full: this rank's kernels run FACTOR x slower (repeatable), e.g. 3:1.2",
+    )
     run.add_argument("--json", action="store_true", help="machine-readable output")
     run.add_argument("--trace", type=Path, help="write a Chrome/Perfetto trace JSON")
     run.add_argument("--plot", type=Path, help="write a timeline PNG of compute and comm")

@@ -11,7 +11,7 @@ when all members have reached them.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -57,8 +57,10 @@ class Engine:
         comms: Communicator,
         full: bool = False,
         virtual_stages: int = 1,
+        slowdown: Mapping[int, float] | None = None,
     ) -> None:
         self.env = comms.env
+        self.slowdown = dict(slowdown or {})  # rank -> factor on its kernels (a straggler)
         self.comms = comms
         self.grid = grid
         self.v = virtual_stages
@@ -176,7 +178,7 @@ class Engine:
                 yield self.env.all_of(deps)
             start = self.env.now
             if task.comm is None:
-                yield self.env.timeout(task.duration_s)
+                yield self.env.timeout(task.duration_s * self.kernel_factor(rank, task))
             else:
                 yield self.communicate(rank, task)
             if task.parts:
@@ -184,6 +186,13 @@ class Engine:
             else:
                 self.record(rank, task, start)
             self.done[(rank, task.index)].succeed()
+
+    def kernel_factor(self, rank: int, task: Task) -> float:
+        """How much slower `rank` runs this task than the profile says: a straggler's device
+        work (its compute and reduction streams), not the host's or the PCIe copies."""
+        if task.stream in (Stream.HOST, Stream.PCIE):
+            return 1.0
+        return self.slowdown.get(rank, 1.0)
 
     def record_parts(self, rank: int, task: Task, start: float) -> None:
         """A fused task: one span per part; its collectives' traffic is booked here."""
