@@ -164,7 +164,7 @@ TOUCH_BPS, FRESH_ABOVE = 2.5e9, 63 * 2**20
 
 
 def gloo_two_ranks_s(op, size):
-    """gloo's algorithms for n = 2 ranks (notes/collectives_algorithms.md section 1), on the
+    """gloo's algorithms for n = 2 ranks (docs/collectives.md section 1.6), on the
     CPU topology where a message crosses two loopback links (rank -> host -> rank): alpha = 2 x
     link latency; a rank's link is half duplex, so B is shared by what it sends and receives;
     two segments in flight, so a ring step costs one alpha; each rank's CPU pays MESSAGE_S per

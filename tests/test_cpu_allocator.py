@@ -1,4 +1,4 @@
-"""The CPU ranks' allocator environment (zsim.validate.procs.CPU_ALLOCATOR_ENV) makes glibc
+"""The CPU ranks' allocator environment (zsim.testbed.procs.CPU_ALLOCATOR_ENV) makes glibc
 keep freed memory as the GPU caching allocator does: after the first calls, a gathered output
 smaller than a thread arena's 64 MiB heap comes mostly from pages already touched (a new heap
 still opens now and then). A larger one is mapped fresh on every call, which is what the

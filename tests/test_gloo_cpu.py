@@ -1,5 +1,5 @@
 """gloo on the CPU fabric: the ranks' local work and gloo's message counts, each checked against
-a form derived here from /work/notes/collectives_algorithms.md section 1 and from gloo's own
+a form derived here from docs/collectives.md section 1 and from gloo's own
 loops (gloo/allreduce.cc `ring`, written out again below), never from the code under test. The
 ranks' links are half duplex (tests/test_half_duplex.py): a ring step, every rank sending to one
 neighbour while receiving from the other, moves at B/2 per flow; a lone flow at B.

@@ -66,7 +66,7 @@ class LinkSpec:
 @dataclass(frozen=True)
 class LocalWork:
     """What a rank's own CPU spends in a gloo collective besides moving bytes (the CPU fabric;
-    /work/notes/collectives_algorithms.md 1.1-1.3): a cost per message it sends or receives,
+    docs/collectives.md 1.1-1.5): a cost per message it sends or receives,
     torch's copies into memory already touched, gloo's elementwise reductions, the page
     faults of a freshly mapped temporary, and each op's own cost per byte it moves. The default
     costs nothing (GPU fabrics, test stars).
@@ -74,8 +74,8 @@ class LocalWork:
     `op_s_per_byte` (by `zsim.network.collective.CollectiveOp`; an op not in it costs nothing) is
     the CPU a rank spends per byte it sends plus receives in that op beyond everything else
     modelled here and beyond the wire (the link class's bandwidth): the work the ops do not
-    share, such as torch's flatten, temporary output and copy-out around gloo's all_gather and
-    gloo's half-block loop (collectives_algorithms.md 1.2), or its segment loop and scratch
+    share, such as torch's temporary output and copy-out around gloo's all_gather and gloo's
+    half-block loop (docs/collectives.md 1.2), or its segment loop and scratch
     buffer in all_reduce. It is fitted per op from calibration (`zsim.calibrate.links`), the
     op that moves bytes most cheaply defining the wire.
 

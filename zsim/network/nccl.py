@@ -46,7 +46,8 @@ from zsim.network.patterns import (
 
 NCCL_CHAIN_CHUNK_BYTES = 512 * 1024
 """NCCL's pipeline unit for broadcast and reduce: the 4 MiB Simple buffer over NCCL_STEPS = 8
-slots with CHUNKSTEPS = 1 (src/init.cc, src/include/device.h, src/device/broadcast.h)."""
+slots with BROADCAST/REDUCE_CHUNKSTEPS = 1 (src/include/collectives.h; the chunk size is computed
+in src/enqueue.cc): the Simple protocol's; LL and LL128 chunks are not modelled."""
 
 
 NCCL_TREE_BANDWIDTH_FACTOR = 0.92
@@ -135,7 +136,7 @@ def btree_parent(nranks: int, rank: int) -> int:
 
 def dtree_parents(nranks: int) -> tuple[list[int], list[int]]:
     """Both trees of NCCL's double binary tree (ncclGetDtree): tree 1 mirrors tree 0 when
-    `nranks` is even and shifts it by one rank when odd, so no rank is interior in both."""
+    `nranks` is even (then no rank is interior in both) and shifts it by one rank when odd."""
     first = [btree_parent(nranks, r) for r in range(nranks)]
     second = []
     for r in range(nranks):
