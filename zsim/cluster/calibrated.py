@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from zsim.cluster.build import CLASSES
 from zsim.cluster.device import DeviceProfile, LinkFit
 from zsim.cluster.fabric import Backend, LinkClass
 from zsim.cluster.topology import Topology
@@ -58,7 +59,7 @@ def with_links(
     p2p_call_latency_s: float | None = None,
 ) -> Topology:
     for cls in sorted(links):
-        if any(str(c) == cls for c in topo.link_class):
+        if any(str(CLASSES[i]) == cls for i in np.unique(topo.class_id).tolist()):
             link = links[cls]
             topo = with_link_class(
                 topo,
@@ -92,7 +93,7 @@ def with_link_class(
         "a positive number of bytes/s",
     )
     require(latency_s is None or latency_s >= 0, f"{link_class} latency", latency_s, ">= 0 s")
-    mask = np.array([c is link_class for c in topo.link_class], dtype=bool)
+    mask = topo.class_id == CLASSES.index(link_class)
     bandwidth = topo.bandwidth_bytes_per_s.copy()
     latency = topo.latency_s.copy()
     if bandwidth_bytes_per_s is not None:
@@ -101,17 +102,7 @@ def with_link_class(
         latency[mask] = latency_s
     bandwidth.flags.writeable = False
     latency.flags.writeable = False
-    graph = topo.graph.copy()
-    for (u, v), bw, lat in zip(topo.edges, bandwidth, latency, strict=True):
-        graph.edges[u, v].update(bandwidth_bytes_per_s=float(bw), latency_s=float(lat))
-    return replace(
-        topo,
-        graph=graph,
-        bandwidth_bytes_per_s=bandwidth,
-        latency_s=latency,
-        _node_routes={},
-        _routes={},
-    )
+    return replace(topo, bandwidth_bytes_per_s=bandwidth, latency_s=latency, _routes={})
 
 
 def with_call_latency(
@@ -125,7 +116,6 @@ def with_call_latency(
         topo,
         call_latency_s=call_latency_s,
         p2p_call_latency_s=p2p,
-        _node_routes={},
         _routes={},
     )
 
@@ -154,4 +144,4 @@ def with_local_work(
         for op, value in op_call_s.items():
             require(value >= 0, f"local work op_call_s.{op}", value, ">= 0 s")
         work = replace(work, op_call_s=dict(op_call_s))
-    return replace(topo, local_work=work, _node_routes={}, _routes={})
+    return replace(topo, local_work=work, _routes={})

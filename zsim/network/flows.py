@@ -36,8 +36,9 @@ import numpy as np
 import numpy.typing as npt
 import simpy
 
+from zsim.cluster.build import FloatArray, IntArray
 from zsim.cluster.fabric import LinkClass
-from zsim.cluster.topology import FloatArray, IntArray, Topology
+from zsim.cluster.topology import Topology
 from zsim.errors import require
 
 BoolArray = npt.NDArray[np.bool_]

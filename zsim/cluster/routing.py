@@ -1,0 +1,152 @@
+"""Routes, for many flows at once: the edges a flow from GPU a to GPU b crosses, in order.
+
+Inside a node, the least-latency path (NVLink through the NVSwitch when there is one, else the
+PCIe tree or the host's loopback; hop count breaks ties), found once on node 0's template and
+shifted by the node's edge offset. Between nodes, GPU i leaves through its rail's NIC
+(i * nics // G), crosses its leaf, the spine when the two NICs sit on different leaves, and the
+destination's leaf and NIC. A route's latency is the sum of its edges' latencies, summed in
+route order as numpy sums one route.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import pairwise
+from typing import Any
+
+import networkx as nx
+import numpy as np
+
+from zsim.cluster.build import Edge, FloatArray, IntArray, leaf_of, leaves
+from zsim.cluster.fabric import FabricSpec
+
+
+@dataclass(frozen=True)
+class RouteTables:
+    """Node 0's paths as template edge indices, padded with -1: GPU a -> GPU b, GPU a -> its
+    NIC, its NIC -> GPU b."""
+
+    gpu_gpu: IntArray  # (G, G, width)
+    gpu_nic: IntArray  # (G, width)
+    nic_gpu: IntArray  # (G, width)
+
+
+def route_tables(
+    template: tuple[Edge, ...], latency: FloatArray, gpus: int, nics: int
+) -> RouteTables:
+    """Least-latency paths in node 0 (template edge latencies `latency`), one Dijkstra per
+    source vertex."""
+    graph = nx.DiGraph()
+    for index, e in enumerate(template):
+        graph.add_edge(e.u, e.v, index=index)
+
+    def weight(_u: str, _v: str, data: dict[str, Any]) -> float:
+        return float(latency[data["index"]]) + 1e-12
+
+    def paths(src: str) -> dict[str, list[int]]:
+        found = nx.single_source_dijkstra_path(graph, src, weight=weight)
+        return {
+            dst: [int(graph.edges[u, v]["index"]) for u, v in pairwise(path)]
+            for dst, path in found.items()
+        }
+
+    nic = [i * nics // gpus for i in range(gpus)]
+    from_gpu = [paths(f"gpu{a}") for a in range(gpus)]
+    from_nic = {j: paths(f"nic{j}") for j in set(nic)}
+    gg = [[from_gpu[a][f"gpu{b}"] if a != b else [] for b in range(gpus)] for a in range(gpus)]
+    gn = [from_gpu[a][f"nic{nic[a]}"] for a in range(gpus)]
+    ng = [from_nic[nic[b]][f"gpu{b}"] for b in range(gpus)]
+    width = max(len(r) for rows in (gn, ng, *gg) for r in rows) or 1
+    return RouteTables(
+        np.stack([_padded(row, width) for row in gg]), _padded(gn, width), _padded(ng, width)
+    )
+
+
+def _padded(routes: list[list[int]], width: int) -> IntArray:
+    out = np.full((len(routes), width), -1, dtype=np.int64)
+    for index, r in enumerate(routes):
+        out[index, : len(r)] = r
+    return out
+
+
+@dataclass(frozen=True)
+class Routes:
+    """The routes of flows i = 0..F-1: each (flow, edge) pair, in route order, and the latency
+    of each route."""
+
+    pair_flow: IntArray
+    pair_link: IntArray
+    latency_s: FloatArray
+
+
+def routes_of(
+    src: IntArray,
+    dst: IntArray,
+    tables: RouteTables,
+    fabric: FabricSpec,
+    nodes: int,
+    template_edges: int,
+    latency: FloatArray,
+) -> Routes:
+    """Every flow's route (flows from a GPU to itself cross nothing)."""
+    src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+    gpus = tables.gpu_gpu.shape[0]
+    node_a, local_a = np.divmod(src, gpus)
+    node_b, local_b = np.divmod(dst, gpus)
+    same = node_a == node_b
+    inside = _shifted(tables.gpu_gpu[local_a, local_b], node_a * template_edges)
+    out = _shifted(tables.gpu_nic[local_a], node_a * template_edges)
+    into = _shifted(tables.nic_gpu[local_b], node_b * template_edges)
+    across = _across(fabric, nodes, template_edges, gpus, node_a, local_a, node_b, local_b)
+    cross = np.concatenate([out, across, into], axis=1)
+    width = max(inside.shape[1], cross.shape[1])
+    links = np.full((len(src), width), -1, dtype=np.int64)
+    links[same, : inside.shape[1]] = inside[same]
+    links[~same, : cross.shape[1]] = cross[~same]
+    links[src == dst] = -1
+    return _compacted(links, latency)
+
+
+def _shifted(links: IntArray, offset: IntArray) -> IntArray:
+    return np.where(links >= 0, links + offset[:, None], -1)
+
+
+def _across(
+    fabric: FabricSpec,
+    nodes: int,
+    template_edges: int,
+    gpus: int,
+    node_a: IntArray,
+    local_a: IntArray,
+    node_b: IntArray,
+    local_b: IntArray,
+) -> IntArray:
+    """NIC up, [leaf -> spine, spine -> leaf,] NIC down: edge indices, -1 where no spine."""
+    nics = fabric.nics_per_node
+    nic_a, nic_b = local_a * nics // gpus, local_b * nics // gpus
+    base = nodes * template_edges
+    up = base + 2 * (node_a * nics + nic_a)
+    down = base + 2 * (node_b * nics + nic_b) + 1
+    leaf_a, leaf_b = leaf_of(fabric, nodes, node_a, nic_a), leaf_of(fabric, nodes, node_b, nic_b)
+    spine = base + 2 * nodes * nics
+    crosses = (leaf_a != leaf_b) & (leaves(fabric, nodes) > 1)
+    to_spine = np.where(crosses, spine + 2 * leaf_a, -1)
+    from_spine = np.where(crosses, spine + 2 * leaf_b + 1, -1)
+    return np.stack([up, to_spine, from_spine, down], axis=1)
+
+
+def _compacted(links: IntArray, latency: FloatArray) -> Routes:
+    """Pad entries dropped (each row's edges kept in order); each route's latency summed as
+    numpy sums the route's latencies alone."""
+    valid = links >= 0
+    order = np.argsort(~valid, axis=1, kind="stable")
+    links = np.take_along_axis(links, order, axis=1)
+    lengths = valid.sum(axis=1)
+    route_latency = np.zeros(len(links))
+    for n in np.unique(lengths).tolist():
+        if n:
+            rows = lengths == n
+            route_latency[rows] = latency[links[rows, :n]].sum(axis=1)
+    keep = np.arange(links.shape[1])[None, :] < lengths[:, None]
+    pair_flow = np.repeat(np.arange(len(links), dtype=np.int64), lengths)
+    return Routes(pair_flow, links[keep], route_latency)
