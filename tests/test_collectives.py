@@ -167,7 +167,7 @@ def test_multi_node_ring_uses_every_rail():
     topo = presets.topology("2x8-dgx-h100")
     rings = nccl_rings(topo, range(16))
     assert len(rings) == 8
-    for ring in rings:
+    for ring in rings.tolist():
         hops = [(a, b) for a, b in zip(ring, ring[1:] + ring[:1], strict=True)]
         crossing = [(a, b) for a, b in hops if topo.node_of(a) != topo.node_of(b)]
         assert len(crossing) == 2

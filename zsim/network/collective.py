@@ -18,9 +18,14 @@ pattern's routes, which is the fast path (`zsim.network.plans.estimate_s`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
+import numpy as np
+
+from zsim.cluster.build import IntArray
 from zsim.errors import require
 from zsim.network.flows import Flow
 
@@ -81,10 +86,20 @@ class CollectiveCall:
         require(0 <= self.root < len(self.group), "root", self.root, "an index into the group")
 
 
-@dataclass(frozen=True)
+def _ids(values: Sequence[int] | IntArray) -> IntArray:
+    array = np.asarray(values, dtype=np.int64).reshape(-1)
+    array.flags.writeable = False
+    return array
+
+
+NO_GPUS = _ids(())
+
+
+@dataclass(frozen=True, eq=False)
 class Phase:
     """Flows that start together, then each member's own work; the phase ends when the last
-    flow has ended and the local work is done.
+    flow has ended and the local work is done. Flow i goes from GPU `src[i]` to `dst[i]`; every
+    flow of a phase carries `nbytes` (per step), as every algorithm here sends equal pieces.
 
     `repeat`: identical consecutive steps, coalesced (see `zsim.network.flows`).
     `latency_s`: one step's latency for the whole phase (a pipelined ring's mean hop, a
@@ -96,11 +111,37 @@ class Phase:
     a rank's one core also drives its TCP. A phase may be local work only (no flows).
     """
 
-    flows: tuple[Flow, ...]
+    src: IntArray = field(default_factory=lambda: NO_GPUS)
+    dst: IntArray = field(default_factory=lambda: NO_GPUS)
+    nbytes: float = 0.0
     repeat: int = 1
     latency_s: float | None = None
     waits_for: tuple[tuple[int, ...], ...] | None = None
     local_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "src", _ids(self.src))
+        object.__setattr__(self, "dst", _ids(self.dst))
+        require(self.src.shape == self.dst.shape, "phase", "src/dst", "one destination per flow")
+
+    @classmethod
+    def of(cls, flows: Sequence[Flow], **options: Any) -> Phase:
+        """A phase of these flows (all of the same size)."""
+        sizes = {f.nbytes for f in flows}
+        require(len(sizes) <= 1, "phase", sorted(sizes)[:3], "flows of one size")
+        src, dst = [f.src for f in flows], [f.dst for f in flows]
+        return cls(_ids(src), _ids(dst), sizes.pop() if sizes else 0.0, **options)
+
+    @property
+    def size(self) -> int:
+        return int(self.src.shape[0])
+
+    @property
+    def flows(self) -> tuple[Flow, ...]:
+        return tuple(
+            Flow(a, b, self.nbytes)
+            for a, b in zip(self.src.tolist(), self.dst.tolist(), strict=True)
+        )
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
+import numpy as np
+
 from zsim.cluster.topology import Topology
 from zsim.network.collective import CollectiveCall, CollectiveOp, Phase, gloo_closed_form_s
 from zsim.network.flows import Flow
@@ -108,7 +110,7 @@ def gloo(topo: Topology, call: CollectiveCall) -> Built:
         clone_s = work.copy_s(size)
         phases, closed = _gloo_allreduce(topo, call.group, size, op)
         chunk_s = work.copy_s(size / n)
-        local = [Phase((), local_s=clone_s), *phases, Phase((), local_s=chunk_s)]
+        local = [Phase(local_s=clone_s), *phases, Phase(local_s=chunk_s)]
         return local, clone_s + closed + chunk_s
     if op is CollectiveOp.ALL_GATHER:
         return _gloo_allgather(topo, call.group, size)
@@ -134,17 +136,18 @@ def _gloo_allreduce(topo: Topology, group: Sequence[int], size: float, op: Colle
     each loop `op`'s own cost for the 2 (n-1)/n S bytes it sends plus receives (`op` is
     all_reduce, or reduce_scatter, which torch runs as this all_reduce)."""
     n, work = len(group), topo.local_work
-    ring = [list(group)]
-    flows = ring_flows(ring, size / n, shift=-1)
+    ring = np.asarray([group], dtype=np.int64)
+    src, dst = ring_flows(ring, shift=-1)
     alpha = ring_latency(topo, ring, shift=-1)
     scatter, gather = gloo_allreduce_messages(size, n)
     own_s = work.op_s(op, 2 * (n - 1) / n * size)
     scatter_s = scatter * work.message_s + work.reduce_s((n - 1) / n * size) + own_s
     gather_s = gather * work.message_s + own_s
-    closed = gloo_closed_form_s(CollectiveOp.ALL_REDUCE, n, size, alpha, fair_share(topo, flows))
+    share = fair_share(topo, src, dst)
+    closed = gloo_closed_form_s(CollectiveOp.ALL_REDUCE, n, size, alpha, share)
     phases = [
-        Phase(flows, repeat=n - 1, latency_s=alpha, local_s=scatter_s),
-        Phase(flows, repeat=n - 1, latency_s=alpha, local_s=gather_s),
+        Phase(src, dst, size / n, repeat=n - 1, latency_s=alpha, local_s=scatter_s),
+        Phase(src, dst, size / n, repeat=n - 1, latency_s=alpha, local_s=gather_s),
     ]
     return phases, closed + scatter_s + gather_s
 
@@ -156,16 +159,17 @@ def _gloo_allgather(topo: Topology, group: Sequence[int], size: float) -> Built:
     steps of S/n, 2(n-1) messages each way per rank; torch then copies the n slices out. The
     op's own cost is charged on the 2 (n-1)/n S bytes a rank sends plus receives."""
     n, work = len(group), topo.local_work
-    ring = [list(group)]
-    flows = ring_flows(ring, size / n)
+    ring = np.asarray([group], dtype=np.int64)
+    src, dst = ring_flows(ring)
     alpha = ring_latency(topo, ring)
     prime_s = work.allocate_s(size) + work.copy_s(size / n)
     own_s = work.op_s(CollectiveOp.ALL_GATHER, 2 * (n - 1) / n * size)
     after_s = 4 * (n - 1) * work.message_s + work.copy_s(size) + own_s
-    closed = gloo_closed_form_s(CollectiveOp.ALL_GATHER, n, size, alpha, fair_share(topo, flows))
+    share = fair_share(topo, src, dst)
+    closed = gloo_closed_form_s(CollectiveOp.ALL_GATHER, n, size, alpha, share)
     phases = [
-        Phase((), local_s=prime_s),
-        Phase(flows, repeat=n - 1, latency_s=alpha, local_s=after_s),
+        Phase(local_s=prime_s),
+        Phase(src, dst, size / n, repeat=n - 1, latency_s=alpha, local_s=after_s),
     ]
     return phases, prime_s + closed + after_s
 
@@ -188,11 +192,13 @@ def _gloo_broadcast(topo: Topology, call: CollectiveCall) -> Built:
             flows.append(Flow(src, dst, size))
             messages[vrank] += 1
             messages[peer] += 1
-    alpha = max_latency(topo, flows)
-    closed = gloo_closed_form_s(CollectiveOp.BROADCAST, n, size, alpha, alone_rate(topo, flows))
+    phase = Phase.of(flows, waits_for=tuple(waits))
+    alpha = max_latency(topo, phase.src, phase.dst)
+    rate = alone_rate(topo, phase.src, phase.dst)
+    closed = gloo_closed_form_s(CollectiveOp.BROADCAST, n, size, alpha, rate)
     work = topo.local_work
     local_s = max(messages) * (work.message_s + work.op_s(CollectiveOp.BROADCAST, size))
-    return [Phase(tuple(flows), waits_for=tuple(waits), local_s=local_s)], closed + local_s
+    return [replace(phase, local_s=local_s)], closed + local_s
 
 
 def _gloo_reduce(topo: Topology, call: CollectiveCall) -> Built:
@@ -203,10 +209,11 @@ def _gloo_reduce(topo: Topology, call: CollectiveCall) -> Built:
     n, size, work = len(call.group), call.nbytes, topo.local_work
     k = gloo_reduce_segments(size, n)
     iterations = n * k - 2
-    ring = [list(call.group)]
-    scatter = ring_flows(ring, size / (n * k), shift=-1)
+    ring = np.asarray([call.group], dtype=np.int64)
+    scatter = Phase(*ring_flows(ring, shift=-1), size / (n * k))
     root = call.group[call.root]
-    gather = tuple(Flow(g, root, size / n) for g in call.group if g != root)
+    senders = ring[0][ring[0] != root]
+    gather = Phase(senders, np.full_like(senders, root), size / n)
     alpha = ring_latency(topo, ring, shift=-1)
     segment = min(math.ceil(size / (2 * n)), GLOO_MAX_SEGMENT_BYTES)
     filled = _filled_segments(size, n * k, segment)
@@ -215,9 +222,12 @@ def _gloo_reduce(topo: Topology, call: CollectiveCall) -> Built:
     ring_s += work.op_s(CollectiveOp.REDUCE, 2 * iterations * size / (n * k))
     # the root receives from every other rank
     gather_s = (n - 1) * work.message_s + work.op_s(CollectiveOp.REDUCE, (n - 1) / n * size)
-    closed = (n - 1) * alpha + iterations * size / (n * k * fair_share(topo, scatter)) + ring_s
-    closed += max_latency(topo, gather) + size / n / fair_share(topo, gather) + gather_s
+    scatter_share = fair_share(topo, scatter.src, scatter.dst)
+    closed = (n - 1) * alpha + iterations * size / (n * k * scatter_share) + ring_s
+    gather_share = fair_share(topo, gather.src, gather.dst)
+    closed += max_latency(topo, gather.src, gather.dst) + size / n / gather_share + gather_s
+    step = (n - 1) * alpha / iterations
     return [
-        Phase(scatter, repeat=iterations, latency_s=(n - 1) * alpha / iterations, local_s=ring_s),
-        Phase(gather, local_s=gather_s),
+        replace(scatter, repeat=iterations, latency_s=step, local_s=ring_s),
+        replace(gather, local_s=gather_s),
     ], closed

@@ -21,8 +21,10 @@ a tree pays its pipeline fill once.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import pairwise
 
+import numpy as np
+
+from zsim.cluster.build import IntArray
 from zsim.cluster.topology import Topology
 from zsim.errors import require
 from zsim.network.collective import (
@@ -34,12 +36,11 @@ from zsim.network.collective import (
     ring_closed_form_s,
     tree_closed_form_s,
 )
-from zsim.network.flows import Flow
 from zsim.network.patterns import (
     Built,
     by_node,
     fair_share,
-    path_latency,
+    path_latencies,
     ring_flows,
     ring_latency,
 )
@@ -58,59 +59,73 @@ only to choose like NCCL does, not in the tree's own simulation."""
 # ---- rings and chains ----------------------------------------------------------------------
 
 
-def nccl_rings(topo: Topology, group: Sequence[int]) -> list[list[int]]:
-    """One ring per channel. On one node, one ring in local order. Across nodes, one channel
-    per member slot of the smallest node: channel c enters the first node at member c and
-    leaves at c-1, walks the next node backwards from c-1 to c, and so on, so every
+def nccl_rings(topo: Topology, group: Sequence[int]) -> IntArray:
+    """One ring per channel (a row). On one node, one ring in local order. Across nodes, one
+    channel per member slot of the smallest node: channel c enters the first node at member c
+    and leaves at c-1, walks the next node backwards from c-1 to c, and so on, so every
     inter-node hop joins two GPUs of the same rail."""
     members = by_node(topo, group)
     if len(members) == 1:
-        return [members[0]]
-    rings = []
-    for c in range(min(len(node) for node in members)):
+        return members[0][None, :]
+    channels = min(len(node) for node in members)
+    c = np.arange(channels)[:, None]
+    if all(len(node) == len(members[0]) for node in members):
+        grid = np.stack(members)  # nodes x members
+        g = grid.shape[1]
+        position = np.arange(len(members))
+        step = np.where(position % 2 == 0, 1, -1)
+        first = np.where(step == 1, c, c - 1)  # channels x nodes
+        index = (first[:, :, None] + step[None, :, None] * np.arange(g)) % g
+        rings: IntArray = grid[position[None, :, None], index].reshape(channels, -1)
+        return rings
+    irregular = []
+    for channel in range(channels):
         ring: list[int] = []
-        for position, node in enumerate(members):
-            step = 1 if position % 2 == 0 else -1
-            first = c if step == 1 else c - 1
-            ring += [node[(first + step * i) % len(node)] for i in range(len(node))]
-        rings.append(ring)
-    return rings
+        for p, node in enumerate(members):
+            step_p = 1 if p % 2 == 0 else -1
+            start = channel if step_p == 1 else channel - 1
+            ring += [int(node[(start + step_p * i) % len(node)]) for i in range(len(node))]
+        irregular.append(ring)
+    return np.asarray(irregular, dtype=np.int64)
 
 
 def ring_phase(
-    topo: Topology, op: CollectiveOp, rings: list[list[int]], bytes_per_ring: float
+    topo: Topology, op: CollectiveOp, rings: IntArray, bytes_per_ring: float
 ) -> tuple[Phase, float]:
-    """Equal rings running `op` at once, each on `bytes_per_ring` (channels of one group, or
-    the disjoint groups of a hierarchical stage)."""
-    m = len(rings[0])
+    """Equal rings (rows) running `op` at once, each on `bytes_per_ring` (channels of one
+    group, or the disjoint groups of a hierarchical stage)."""
+    m = rings.shape[1]
     steps = 2 * (m - 1) if op is CollectiveOp.ALL_REDUCE else m - 1
-    flows = ring_flows(rings, bytes_per_ring / m)
+    src, dst = ring_flows(rings)
     alpha = ring_latency(topo, rings)
-    closed = ring_closed_form_s(op, m, bytes_per_ring, alpha, fair_share(topo, flows))
-    return Phase(flows, repeat=steps, latency_s=alpha), closed
+    closed = ring_closed_form_s(op, m, bytes_per_ring, alpha, fair_share(topo, src, dst))
+    return Phase(src, dst, bytes_per_ring / m, repeat=steps, latency_s=alpha), closed
 
 
 def _chain_phase(
-    topo: Topology, chains: list[list[int]], bytes_per_chain: float, towards_root: bool
+    topo: Topology, chains: IntArray, bytes_per_chain: float, towards_root: bool
 ) -> tuple[Phase, float]:
-    """Pipelined chains from (or, reversed, to) their first member, at once."""
-    flows = tuple(
-        Flow(b, a, bytes_per_chain) if towards_root else Flow(a, b, bytes_per_chain)
-        for chain in chains
-        for a, b in pairwise(chain)
-    )
-    n, share = len(chains[0]), fair_share(topo, flows)
-    alpha = max(path_latency(topo, chain) for chain in chains) / max(n - 1, 1)
+    """Pipelined chains (rows) from (or, reversed, to) their first member, at once."""
+    a, b = chains[:, :-1].ravel(), chains[:, 1:].ravel()
+    src, dst = (b, a) if towards_root else (a, b)
+    n, share = chains.shape[1], fair_share(topo, src, dst)
+    alpha = float(path_latencies(topo, chains).max()) / max(n - 1, 1)
     closed = chain_closed_form_s(n, bytes_per_chain, alpha, share, NCCL_CHAIN_CHUNK_BYTES)
     fill_s = closed - bytes_per_chain / share
-    return Phase(flows, latency_s=fill_s), closed
+    return Phase(src, dst, bytes_per_chain, latency_s=fill_s), closed
+
+
+def _from(rings: IntArray, root: int) -> IntArray:
+    """Each ring rotated to start at `root`."""
+    start = np.argmax(rings == root, axis=1)
+    index = (start[:, None] + np.arange(rings.shape[1])) % rings.shape[1]
+    return np.take_along_axis(rings, index, axis=1)
 
 
 def nccl_ring(topo: Topology, call: CollectiveCall) -> Built:
     rings = nccl_rings(topo, call.group)
     if call.op in (CollectiveOp.BROADCAST, CollectiveOp.REDUCE):
-        root = call.group[call.root]
-        chains = [ring[ring.index(root) :] + ring[: ring.index(root)] for ring in rings]
+        chains = _from(rings, call.group[call.root])
         towards_root = call.op is CollectiveOp.REDUCE
         phase, closed = _chain_phase(topo, chains, call.nbytes / len(rings), towards_root)
     else:
@@ -149,75 +164,88 @@ def dtree_parents(nranks: int) -> tuple[list[int], list[int]]:
     return first, second
 
 
-def tree_channels(topo: Topology, group: Sequence[int]) -> list[tuple[list[list[int]], list[int]]]:
-    """(chains per node, parent of each node) for every channel x tree. Channel c's chain in
-    a node starts at member c, the node's head, which talks to the other nodes."""
+def regular_nodes(topo: Topology, group: Sequence[int]) -> IntArray | None:
+    """The group's members as nodes x members, or None when nodes hold different numbers."""
     members = by_node(topo, group)
-    out = []
-    for c in range(min(len(node) for node in members)):
-        chains = [node[c:] + node[:c] for node in members]
-        out += [(chains, parents) for parents in dtree_parents(len(members))]
-    return out
+    if any(len(node) != len(members[0]) for node in members):
+        return None
+    return np.stack(members)
 
 
-def tree_latency(topo: Topology, chains: list[list[int]], parents: list[int]) -> float:
+def tree_channels(topo: Topology, group: Sequence[int]) -> list[tuple[IntArray, IntArray]]:
+    """(chains: one row per node, parent of each node) for every channel x tree. Channel c's
+    chain in a node starts at member c, the node's head, which talks to the other nodes."""
+    grid = regular_nodes(topo, group)
+    require(
+        grid is not None,
+        "group",
+        [len(node) for node in by_node(topo, group)],
+        "the same number of members on every node (NCCL tree)",
+    )
+    assert grid is not None
+    trees = [np.asarray(p, dtype=np.int64) for p in dtree_parents(grid.shape[0])]
+    return [(np.roll(grid, -c, axis=1), p) for c in range(grid.shape[1]) for p in trees]
+
+
+def tree_latency(topo: Topology, chains: IntArray, parents: IntArray) -> float:
     """Pipeline fill: from the farthest chain tail up to the root, and back down."""
-    up = 0.0
-    for position in range(len(chains)):
-        total, p = 0.0, position
-        while parents[p] >= 0:
-            total += topo.route(chains[p][0], chains[parents[p]][0]).latency_s
-            p = parents[p]
-        up = max(up, total)
-    chain_s = max(path_latency(topo, chain[::-1]) for chain in chains)
-    return 2 * (up + chain_s)
+    heads = chains[:, 0]
+    has_parent = parents >= 0
+    hop = np.zeros(len(heads))
+    hop[has_parent] = topo.routes_of(heads[has_parent], heads[parents[has_parent]]).latency_s
+    total, at = np.zeros(len(heads)), np.arange(len(heads))
+    climbing = parents[at] >= 0
+    while climbing.any():  # each node's path to the root, summed from the node up
+        total[climbing] += hop[at[climbing]]
+        at[climbing] = parents[at[climbing]]
+        climbing = parents[at] >= 0
+    chain_s = float(path_latencies(topo, chains[:, ::-1]).max())
+    return 2 * (float(total.max()) + chain_s)
 
 
-def _tree_flows(chains: list[list[int]], parents: list[int], nbytes: float) -> list[Flow]:
-    flows: list[Flow] = []
-    for position, chain in enumerate(chains):
-        for a, b in pairwise(chain):
-            flows += [Flow(b, a, nbytes), Flow(a, b, nbytes)]  # up the chain and down it
-        if parents[position] >= 0:
-            head, parent_head = chain[0], chains[parents[position]][0]
-            flows += [Flow(head, parent_head, nbytes), Flow(parent_head, head, nbytes)]
-    return flows
+def _tree_flows(chains: IntArray, parents: IntArray) -> tuple[IntArray, IntArray]:
+    """Up and down each node's chain, and between each node's head and its parent's."""
+    a, b = chains[:, :-1].ravel(), chains[:, 1:].ravel()
+    heads, child = chains[:, 0], np.flatnonzero(parents >= 0)
+    up, down = heads[child], heads[parents[child]]
+    return np.concatenate([b, a, up, down]), np.concatenate([a, b, down, up])
 
 
 def nccl_tree(topo: Topology, call: CollectiveCall) -> Built:
     """all_reduce on every channel x tree at once, each carrying S / (2 C) up and down."""
     channels = tree_channels(topo, call.group)
     per_tree = call.nbytes / len(channels)
-    flows = tuple(f for chains, parents in channels for f in _tree_flows(chains, parents, per_tree))
+    pairs = [_tree_flows(chains, parents) for chains, parents in channels]
+    src = np.concatenate([p[0] for p in pairs])
+    dst = np.concatenate([p[1] for p in pairs])
     latency = max(tree_latency(topo, chains, parents) for chains, parents in channels)
     # each flow carries S / (2 C) at the bottleneck share, so 2 S / B = S / (2 C share)
-    closed = tree_closed_form_s(call.nbytes, latency, 2 * len(channels) * fair_share(topo, flows))
-    return [Phase(flows, latency_s=latency)], closed
+    share = fair_share(topo, src, dst)
+    closed = tree_closed_form_s(call.nbytes, latency, 2 * len(channels) * share)
+    return [Phase(src, dst, per_tree, latency_s=latency)], closed
 
 
 # ---- hierarchical ---------------------------------------------------------------------------
 
 
 def hierarchical(topo: Topology, call: CollectiveCall) -> Built:
-    nodes = by_node(topo, call.group)
-    g = len(nodes[0])
+    grid = regular_nodes(topo, call.group)
     require(
-        all(len(node) == g for node in nodes),
+        grid is not None,
         "group",
-        [len(node) for node in nodes],
+        [len(node) for node in by_node(topo, call.group)],
         "the same number of members on every node (hierarchical algorithm)",
     )
-    if len(nodes) == 1 or g == 1:
+    assert grid is not None
+    if grid.shape[0] == 1 or grid.shape[1] == 1:
         return nccl_ring(topo, call)
-    rails = [[node[i] for node in nodes] for i in range(g)]
-    stages = _stages(topo, call, nodes, rails)
+    stages = _stages(topo, call, grid)
     return [phase for phase, _ in stages], sum(closed for _, closed in stages)
 
 
-def _stages(
-    topo: Topology, call: CollectiveCall, nodes: list[list[int]], rails: list[list[int]]
-) -> list[tuple[Phase, float]]:
-    size, g, op = call.nbytes, len(rails), call.op
+def _stages(topo: Topology, call: CollectiveCall, nodes: IntArray) -> list[tuple[Phase, float]]:
+    """The stages of a hierarchical call: `nodes` rows are nodes, its columns rails."""
+    size, g, op, rails = call.nbytes, nodes.shape[1], call.op, nodes.T
     if op is CollectiveOp.ALL_REDUCE:
         return [
             ring_phase(topo, CollectiveOp.REDUCE_SCATTER, nodes, size),
@@ -229,10 +257,9 @@ def _stages(
     if op is CollectiveOp.REDUCE_SCATTER:
         return [ring_phase(topo, op, nodes, size), ring_phase(topo, op, rails, size / g)]
     root = call.group[call.root]
-    rail = next(r for r in rails if root in r)
-    across = [rail[rail.index(root) :] + rail[: rail.index(root)]]
-    slot = next(i for i, r in enumerate(rails) if root in r)
-    inside = [node[slot:] + node[:slot] for node in nodes]
+    slot = int(np.flatnonzero((rails == root).any(axis=1))[0])
+    across = _from(rails[slot : slot + 1], root)
+    inside = np.roll(nodes, -slot, axis=1)
     if op is CollectiveOp.BROADCAST:
         return [_chain_phase(topo, across, size, False), _chain_phase(topo, inside, size, False)]
     return [_chain_phase(topo, inside, size, True), _chain_phase(topo, across, size, True)]
@@ -241,15 +268,16 @@ def _stages(
 def nccl_prefers_tree(topo: Topology, call: CollectiveCall) -> bool:
     """NCCL's auto choice for multi-node all_reduce, by its tuner's model (tuning.cc): the
     tree moves 2 S at 0.92 of the ring's bus bandwidth but pays ~log2(nodes) latencies,
-    the ring 2(n-1)/n S and 2(n-1) steps."""
-    multi_node = len({topo.node_of(g) for g in call.group}) > 1
+    the ring 2(n-1)/n S and 2(n-1) steps. Groups with unequal members per node use the ring."""
     if call.algorithm is not Algorithm.AUTO or call.op is not CollectiveOp.ALL_REDUCE:
         return False
-    if not multi_node:
+    group = np.asarray(call.group)
+    if len(np.unique(group // topo.gpus_per_node)) < 2:
+        return False
+    if regular_nodes(topo, call.group) is None:
         return False
     rings = nccl_rings(topo, call.group)
-    flows = ring_flows(rings, 1.0)
-    bus = fair_share(topo, flows) * len(rings)
+    bus = fair_share(topo, *ring_flows(rings)) * len(rings)
     n = len(call.group)
     ring_s = ring_closed_form_s(call.op, n, call.nbytes, ring_latency(topo, rings), bus)
     latency = max(tree_latency(topo, c, p) for c, p in tree_channels(topo, call.group))
