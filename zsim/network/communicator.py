@@ -34,9 +34,15 @@ def run_plan(
             yield from _dataflow(network, phase)
         elif exact_steps:
             for _ in range(phase.repeat):
-                yield network.start(phase.flows, latency_s=phase.latency_s)
+                yield network.start_arrays(
+                    [(phase.src, phase.dst, phase.nbytes)], latency_s=phase.latency_s
+                )
         else:
-            yield network.start(phase.flows, repeat=phase.repeat, latency_s=phase.latency_s)
+            yield network.start_arrays(
+                [(phase.src, phase.dst, phase.nbytes)],
+                repeat=phase.repeat,
+                latency_s=phase.latency_s,
+            )
         if phase.local_s > 0:
             yield env.timeout(phase.local_s)
     return float(env.now - start)
@@ -45,15 +51,15 @@ def run_plan(
 def _dataflow(network: FlowNetwork, phase: Phase) -> Generator[simpy.Event, Any, None]:
     """Each flow starts once the flows it waits for have ended."""
     env = network.env
-    ended = [env.event() for _ in phase.flows]
+    ended = [env.event() for _ in range(phase.size)]
     waits = phase.waits_for or ()
 
     def one(i: int) -> Generator[simpy.Event, Any, None]:
         yield simpy.AllOf(env, [ended[j] for j in waits[i]])
-        yield network.start([phase.flows[i]])
+        yield network.start_arrays([(phase.src[i : i + 1], phase.dst[i : i + 1], phase.nbytes)])
         ended[i].succeed()
 
-    for i in range(len(phase.flows)):
+    for i in range(phase.size):
         env.process(one(i))
     yield simpy.AllOf(env, ended)
 
@@ -98,10 +104,13 @@ class Communicator:
         """The link capacities `call`'s flows draw on (directed links; a half-duplex pair's
         two directions are one)."""
         if call not in self._links:
-            flows = [f for phase in self.plan(call).phases for f in phase.flows]
-            routes = [self.topology.route(f.src, f.dst).links for f in flows]
-            links = self.topology.resource[np.concatenate(routes)].tolist() if routes else []
-            self._links[call] = frozenset(links)
+            phases = self.plan(call).phases
+            src = np.concatenate([p.src for p in phases]) if phases else np.zeros(0, np.int64)
+            dst = np.concatenate([p.dst for p in phases]) if phases else np.zeros(0, np.int64)
+            routes = self.topology.routes_of(src, dst)
+            self._links[call] = frozenset(
+                np.unique(self.topology.resource[routes.pair_link]).tolist()
+            )
         return self._links[call]
 
     def shares_links(

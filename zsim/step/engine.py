@@ -15,6 +15,7 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import numpy as np
 import simpy
 
 from zsim.cluster.grid import GroupKind, RankGrid
@@ -284,12 +285,10 @@ class Engine:
     def sent_bytes(self, call: CollectiveCall, senders: Sequence[int]) -> float:
         key = (call, tuple(senders))
         if key not in self._sent:
-            simulated = set(senders) & self.simulated
+            simulated = np.asarray(sorted(set(senders) & self.simulated), dtype=np.int64)
             self._sent[key] = sum(
-                f.nbytes * phase.repeat
+                phase.nbytes * phase.repeat * int(np.isin(phase.src, simulated).sum())
                 for phase in self.comms.plan(call).phases
-                for f in phase.flows
-                if f.src in simulated
             )
         return self._sent[key]
 
