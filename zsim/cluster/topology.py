@@ -40,6 +40,7 @@ from zsim.cluster.fabric import FabricSpec, LinkClass, LocalWork
 from zsim.cluster.routing import Routes, RouteTables, route_tables, routes_of
 from zsim.errors import positive_int, require
 
+_FEW_FLOWS = 4  # routes of this many flows or fewer come from the per-pair cache
 MAX_GPUS = 131_072
 """The largest cluster the simulator takes (2^17 GPUs: 16,384 nodes of 8); larger ones are
 refused before any work starts (`zsim.cluster.names`, `build_topology`)."""
@@ -182,7 +183,23 @@ class Topology:
         )
 
     def routes_of(self, src: IntArray, dst: IntArray) -> Routes:
-        """The routes of many flows at once (vectorised: the hot path of big collectives)."""
+        """The routes of many flows at once (vectorised: the hot path of big collectives; a
+        few flows come from the per-pair cache)."""
+        if len(src) <= _FEW_FLOWS:
+            return self._few_routes(src, dst)
+        return self._many_routes(src, dst)
+
+    def _few_routes(self, src: IntArray, dst: IntArray) -> Routes:
+        found = [self.route(int(a), int(b)) for a, b in zip(src, dst, strict=True)]
+        lengths = [len(r.links) for r in found]
+        links = [r.links for r in found]
+        return Routes(
+            np.repeat(np.arange(len(found), dtype=np.int64), lengths),
+            np.concatenate(links) if links else np.zeros(0, dtype=np.int64),
+            np.array([r.latency_s for r in found], dtype=np.float64),
+        )
+
+    def _many_routes(self, src: IntArray, dst: IntArray) -> Routes:
         return routes_of(
             src,
             dst,
@@ -206,7 +223,7 @@ class Topology:
         return [self.route(*pair) for pair in pairs]
 
     def _build_route(self, src: int, dst: int) -> Route:
-        found = self.routes_of(np.array([src]), np.array([dst]))
+        found = self._many_routes(np.array([src]), np.array([dst]))
         links = found.pair_link.copy()
         links.flags.writeable = False
         return Route(links, float(found.latency_s[0]))

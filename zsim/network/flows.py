@@ -96,6 +96,7 @@ class FlowNetwork:
         self._version = 0
         self._settle_pending = False
         self._booked: list[tuple[int, float]] = []  # (flow set, bytes per flow) of ended flows
+        self._freed: list[int] = []  # flow sets ended since rates were last solved
         self._class_bytes = np.zeros(len(CLASSES))
         self.recomputations = 0
         self.flows_finished = 0
@@ -252,15 +253,43 @@ class FlowNetwork:
         if not self._cohorts:
             return
         self.recomputations += 1
-        self._cohorts = self._rated(self._cohorts)
+        self._rerate()
         wait = min(c.remaining / c.rate for c in self._cohorts)
         version = self._version
         self.env.timeout(max(wait, 0.0)).callbacks.append(lambda _e: self._wake(version))
 
+    def _rerate(self) -> None:
+        """New rates for the cohorts whose links changed: those just added, and every cohort
+        connected to them or to the flows that just ended through shared capacities (a
+        connected component is solved alone; the others keep their rates)."""
+        seeds = [c for c in self._cohorts if c.rate == 0.0]
+        freed, self._freed = self._freed, []
+        seeds += [
+            c
+            for c in self._cohorts
+            if c.rate > 0.0 and any(self.sets.overlap(c.flow_set, f) for f in freed)
+        ]
+        touched = self._component(seeds)
+        kept = [c for c in self._cohorts if id(c) not in touched]
+        self._cohorts = kept + self._rated([c for c in self._cohorts if id(c) in touched])
+
+    def _component(self, seeds: list[_Cohort]) -> set[int]:
+        """Ids of the cohorts connected to `seeds` through shared capacities."""
+        reached = {id(c) for c in seeds}
+        frontier = list(seeds)
+        while frontier:
+            cohort = frontier.pop()
+            for other in self._cohorts:
+                if id(other) not in reached and self.sets.overlap(cohort.flow_set, other.flow_set):
+                    reached.add(id(other))
+                    frontier.append(other)
+        return reached
+
     def _rated(self, cohorts: list[_Cohort]) -> list[_Cohort]:
         """The cohorts with their max-min rates, split where their flows' rates differ."""
-        order = sorted(range(len(cohorts)), key=lambda i: cohorts[i].flow_set)
-        ordered = [cohorts[i] for i in order]
+        if not cohorts:
+            return []
+        ordered = sorted(cohorts, key=lambda c: c.flow_set)
         solved = self.sets.rates(tuple(c.flow_set for c in ordered))
         out = []
         for cohort, parts in zip(ordered, solved, strict=True):
@@ -293,6 +322,7 @@ class FlowNetwork:
         return True
 
     def _book(self, cohort: _Cohort) -> None:
+        self._freed.append(cohort.flow_set)
         self.flows_finished += cohort.count
         self._booked.append((cohort.flow_set, cohort.total))
         self._class_bytes += cohort.total * self.sets.flow_set(cohort.flow_set).class_pairs

@@ -98,6 +98,8 @@ class FlowSets:
         self._sets: list[FlowSet] = []
         self._set_ids: dict[tuple[int, bytes], int] = {}
         self._rates: dict[tuple[int, ...], list[list[tuple[int, float]]]] = {}
+        self._overlaps: dict[tuple[int, int], bool] = {}
+        self._unique: dict[int, IntArray] = {}
 
     def pattern(self, src: IntArray, dst: IntArray) -> Pattern:
         key = (src.tobytes(), dst.tobytes())
@@ -108,6 +110,23 @@ class FlowSets:
 
     def flow_set(self, flow_set: int) -> FlowSet:
         return self._sets[flow_set]
+
+    def overlap(self, a: int, b: int) -> bool:
+        """Whether two flow sets draw on a common capacity (then their rates interact)."""
+        key = (a, b) if a <= b else (b, a)
+        found = self._overlaps.get(key)
+        if found is None:
+            ra, rb = self._resources(a), self._resources(b)
+            found = self._overlaps[key] = a == b or bool(
+                np.intersect1d(ra, rb, assume_unique=True).size
+            )
+        return found
+
+    def _resources(self, flow_set: int) -> IntArray:
+        found = self._unique.get(flow_set)
+        if found is None:
+            found = self._unique[flow_set] = np.unique(self._sets[flow_set].pair_resource)
+        return found
 
     def rates(self, flow_sets: tuple[int, ...]) -> list[list[tuple[int, float]]]:
         """For each of these (active) flow sets, its parts of equal rate: (flow set, rate)."""

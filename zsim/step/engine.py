@@ -87,6 +87,7 @@ class Engine:
         self._contending: dict[tuple[tuple[int, ...], CollectiveOp], list[tuple[int, ...]]] = {}
         self.programs = programs
         self._sends: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        self._expected: dict[tuple[int, ...], int] = {}
 
     def _simulated_ranks(self) -> tuple[int, ...]:
         g = self.grid
@@ -174,9 +175,9 @@ class Engine:
     def stream(self, rank: int, tasks: list[Task]) -> Generator[simpy.Event, None, None]:
         """One stream of one rank: its tasks in issue order, each after its dependencies."""
         for task in tasks:
-            deps = [self.done[(rank, d.index)] for d in task.deps]
-            if deps:
-                yield self.env.all_of(deps)
+            waiting = [e for d in task.deps if not (e := self.done[(rank, d.index)]).processed]
+            if waiting:  # dependencies already done cost no event
+                yield waiting[0] if len(waiting) == 1 else self.env.all_of(waiting)
             start = self.env.now
             if task.comm is None:
                 yield self.env.timeout(task.duration_s * self.kernel_factor(rank, task))
@@ -260,11 +261,18 @@ class Engine:
         meeting = self.pending.setdefault(key, _Rendezvous(done=self.env.event()))
         meeting.arrived += 1
         assert meeting.done is not None
-        expected = sum(1 for r in members if r in self.simulated)
+        expected = self.expected(members)
         if meeting.arrived == expected:
             del self.pending[key]
             self.env.process(self.launch(task, comm, members, meeting.done))
         return meeting.done
+
+    def expected(self, members: tuple[int, ...]) -> int:
+        """How many simulated ranks a collective of `members` waits for."""
+        found = self._expected.get(members)
+        if found is None:
+            found = self._expected[members] = sum(1 for r in members if r in self.simulated)
+        return found
 
     def launch(
         self, task: Task, comm: Comm, members: tuple[int, ...], done: simpy.Event
