@@ -40,6 +40,7 @@ from typing import NamedTuple
 
 import numpy as np
 import simpy
+from simpy.events import EventPriority
 
 from zsim.cluster.build import CLASSES, FloatArray
 from zsim.cluster.fabric import LinkClass
@@ -49,7 +50,7 @@ from zsim.network.rates import FlowSets, max_min_rates
 
 __all__ = ["Flow", "FlowNetwork", "max_min_rates"]
 
-_DEFER_LIMIT = 64  # settle waits behind at most this many same-instant event batches
+_LAST = EventPriority(2)  # after simpy's URGENT (0) and NORMAL (1): the end of an instant
 _TIME_TOL_REL = 1e-9  # flows finishing within this relative time of each other end together
 _TIME_TOL_ABS_S = 1e-15
 
@@ -233,17 +234,17 @@ class FlowNetwork:
     def _request_settle(self) -> None:
         if not self._settle_pending:
             self._settle_pending = True
-            self._schedule_settle(0)
+            self._schedule_settle()
 
-    def _schedule_settle(self, deferrals: int) -> None:
+    def _schedule_settle(self) -> None:
+        """The settle runs after every other event of this instant (simpy pops events of one
+        time by priority): same-instant starts and ends join one recomputation."""
         event = self.env.event()
-        event.callbacks.append(lambda _event: self._settle(deferrals))
-        event.succeed()
+        event.callbacks.append(lambda _event: self._settle())
+        event._ok, event._value = True, None  # succeed() at the lowest priority
+        self.env.schedule(event, _LAST)
 
-    def _settle(self, deferrals: int) -> None:
-        if self.env.peek() == self.env.now and deferrals < _DEFER_LIMIT:
-            self._schedule_settle(deferrals + 1)  # let same-instant starts and ends join
-            return
+    def _settle(self) -> None:
         self._settle_pending = False
         self._advance()
         self._version += 1
