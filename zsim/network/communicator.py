@@ -15,16 +15,20 @@ import simpy
 
 from zsim.cluster.topology import Topology
 from zsim.network.collective import Algorithm, CollectiveCall, CollectiveOp, Phase, Plan
-from zsim.network.flows import FlowNetwork
+from zsim.network.flows import FlowGroup, FlowNetwork
 from zsim.network.plans import plan
 
 
 def run_plan(
-    network: FlowNetwork, chosen: Plan, exact_steps: bool = False
+    network: FlowNetwork,
+    chosen: Plan,
+    exact_steps: bool = False,
+    alongside: Sequence[Plan] = (),
 ) -> Generator[simpy.Event, Any, float]:
     """A simpy process body: the call latency, then each phase (its flows, then the members'
     local work); returns the elapsed seconds. `exact_steps` runs repeated steps one at a time
-    instead of coalesced (for checking)."""
+    instead of coalesced (for checking). `alongside`: single-phase plans whose flows start with
+    this plan's single phase and only load the links (the same call in other groups)."""
     env = network.env
     start = env.now
     if chosen.overhead_s > 0:
@@ -34,18 +38,24 @@ def run_plan(
             yield from _dataflow(network, phase)
         elif exact_steps:
             for _ in range(phase.repeat):
-                yield network.start_arrays(
-                    [(phase.src, phase.dst, phase.nbytes)], latency_s=phase.latency_s
-                )
+                yield network.launch([_group(phase, repeat=1)])
         else:
-            yield network.start_arrays(
-                [(phase.src, phase.dst, phase.nbytes)],
-                repeat=phase.repeat,
-                latency_s=phase.latency_s,
-            )
+            others = [_group(p.phases[0], waited=False) for p in alongside]
+            yield network.launch([_group(phase), *others])
         if phase.local_s > 0:
             yield env.timeout(phase.local_s)
     return float(env.now - start)
+
+
+def _group(phase: Phase, repeat: int | None = None, waited: bool = True) -> FlowGroup:
+    steps = phase.repeat if repeat is None else repeat
+    return FlowGroup(phase.src, phase.dst, phase.nbytes, steps, phase.latency_s, waited)
+
+
+def single_phase(chosen: Plan) -> bool:
+    """Whether a plan is one phase of flows that start together (so that copies of it on other
+    groups can start with it: `run_plan`'s `alongside`)."""
+    return len(chosen.phases) == 1 and chosen.phases[0].waits_for is None
 
 
 def _dataflow(network: FlowNetwork, phase: Phase) -> Generator[simpy.Event, Any, None]:
@@ -56,7 +66,8 @@ def _dataflow(network: FlowNetwork, phase: Phase) -> Generator[simpy.Event, Any,
 
     def one(i: int) -> Generator[simpy.Event, Any, None]:
         yield simpy.AllOf(env, [ended[j] for j in waits[i]])
-        yield network.start_arrays([(phase.src[i : i + 1], phase.dst[i : i + 1], phase.nbytes)])
+        one = FlowGroup(phase.src[i : i + 1], phase.dst[i : i + 1], phase.nbytes)
+        yield network.launch([one])
         ended[i].succeed()
 
     for i in range(phase.size):
@@ -82,9 +93,21 @@ class Communicator:
             self._plans[call] = plan(self.topology, call)
         return self._plans[call]
 
-    def run(self, call: CollectiveCall) -> simpy.Process:
-        """Start `call` now; the process's value is its duration in seconds."""
-        return self.env.process(run_plan(self.network, self.plan(call), self.exact_steps))
+    def run(self, call: CollectiveCall, alongside: Sequence[CollectiveCall] = ()) -> simpy.Process:
+        """Start `call` now; the process's value is its duration in seconds. `alongside`: the
+        same call on other groups, which only loads the links; the engine's symmetric ranks'
+        copies. Started with this call's flows when both are single-phase plans, else each as
+        its own process."""
+        chosen = self.plan(call)
+        others = [self.plan(c) for c in alongside]
+        together = single_phase(chosen) and all(single_phase(p) for p in others)
+        process = self.env.process(
+            run_plan(self.network, chosen, self.exact_steps, others if together else ())
+        )
+        if not together:
+            for other in alongside:
+                self.env.process(run_plan(self.network, self.plan(other), self.exact_steps))
+        return process
 
     def collective(
         self,

@@ -34,6 +34,7 @@ crossed, so traffic reports come from the simulated flows themselves.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -42,13 +43,14 @@ import numpy as np
 import simpy
 from simpy.events import EventPriority
 
-from zsim.cluster.build import CLASSES, FloatArray
+from zsim.cluster.build import CLASSES, FloatArray, IntArray
 from zsim.cluster.fabric import LinkClass
 from zsim.cluster.topology import Topology
 from zsim.errors import require
+from zsim.network.active import ActiveCohorts as _ActiveCohorts
 from zsim.network.rates import FlowSets, max_min_rates
 
-__all__ = ["Flow", "FlowNetwork", "max_min_rates"]
+__all__ = ["Flow", "FlowGroup", "FlowNetwork", "max_min_rates"]
 
 _LAST = EventPriority(2)  # after simpy's URGENT (0) and NORMAL (1): the end of an instant
 _TIME_TOL_REL = 1e-9  # flows finishing within this relative time of each other end together
@@ -63,24 +65,48 @@ class Flow(NamedTuple):
     nbytes: float
 
 
+class FlowGroup(NamedTuple):
+    """Flows src[i] -> dst[i] of `nbytes` each, started together: `repeat` identical steps
+    coalesced (see the module doc), paying `repeat` x `latency_s` (one step's latency for the
+    whole group: a pipelined ring's mean hop, a chain's or tree's fill) or, when None, each
+    flow its own route latency, before data moves. `waited`: whether the caller waits for
+    these flows (the others only load the links)."""
+
+    src: IntArray
+    dst: IntArray
+    nbytes: float
+    repeat: int = 1
+    latency_s: float | None = None
+    waited: bool = True
+
+
 @dataclass
 class _Batch:
-    """Flows started together; `event` fires when the last of them ends."""
+    """Flows started together; `event` (if any) fires when the last of them ends."""
 
     left: int
-    event: simpy.Event
+    event: simpy.Event | None
 
 
 @dataclass
 class _Cohort:
-    """Flows of one flow set with the same bytes left and the same rate."""
+    """Flows of one flow set with the same bytes left and the same rate: `left_at` bytes each
+    at time `since`, draining at `rate` (0 until first rated)."""
 
     flow_set: int
     count: int
     total: float  # bytes each flow carries in all
-    remaining: float
+    left_at: float
+    since: float
     rate: float
     batch: int
+
+    def left(self, now: float) -> float:
+        return self.left_at - self.rate * (now - self.since)
+
+    @property
+    def ends(self) -> float:
+        return self.since + self.left_at / self.rate
 
 
 class FlowNetwork:
@@ -92,12 +118,13 @@ class FlowNetwork:
         self.sets = FlowSets(topology)
         self._batches: dict[int, _Batch] = {}
         self._next_batch = 0
-        self._cohorts: list[_Cohort] = []
-        self._last_update = env.now
-        self._version = 0
+        self._index: _ActiveCohorts[_Cohort] = _ActiveCohorts(self.sets)
+        self._new: list[int] = []  # cohorts added since the last rating
+        self._touched: set[int] = set()  # cohorts that shared a capacity with ended flows
+        self._ends: list[tuple[float, int]] = []  # (end time, cohort) heap
+        self._wake_at: float | None = None
         self._settle_pending = False
         self._booked: list[tuple[int, float]] = []  # (flow set, bytes per flow) of ended flows
-        self._freed: list[int] = []  # flow sets ended since rates were last solved
         self._class_bytes = np.zeros(len(CLASSES))
         self.recomputations = 0
         self.flows_finished = 0
@@ -111,53 +138,50 @@ class FlowNetwork:
     def start(
         self, flows: Sequence[Flow], *, repeat: int = 1, latency_s: float | None = None
     ) -> simpy.Event:
-        """Start these flows now (any sizes); see `start_arrays`."""
+        """Start these flows now (any sizes); see `launch`."""
         sizes = sorted({f.nbytes for f in flows})
         groups = [
-            (
+            FlowGroup(
                 np.array([f.src for f in flows if f.nbytes == size], dtype=np.int64),
                 np.array([f.dst for f in flows if f.nbytes == size], dtype=np.int64),
                 size,
+                repeat,
+                latency_s,
             )
             for size in sizes
         ]
-        return self.start_arrays(groups, repeat=repeat, latency_s=latency_s)
+        return self.launch(groups)
 
-    def start_arrays(
-        self,
-        groups: Sequence[tuple[np.ndarray, np.ndarray, float]],
-        *,
-        repeat: int = 1,
-        latency_s: float | None = None,
-    ) -> simpy.Event:
-        """Start a phase now: flows src[i] -> dst[i] of `nbytes` each, for each (src, dst,
-        nbytes) group; the event fires when all of them have ended.
-
-        `repeat` coalesces that many identical consecutive steps (see the module doc).
-        `latency_s`, when given, is the latency of one step for the whole phase, in place of
-        each flow's route latency (a pipelined ring's mean hop, a chain's or tree's fill);
-        the phase pays `repeat` x it before its data moves.
-        """
-        require(repeat >= 1, "repeat", repeat, "a positive number of steps")
+    def launch(self, groups: Sequence[FlowGroup]) -> simpy.Event:
+        """Start groups of flows now; the event fires when every flow of the waited groups has
+        ended (the others only load the links: the same call in symmetric ranks' groups)."""
         event = self.env.event()
-        count = sum(len(src) for src, _, _ in groups)
+        waited = [g for g in groups if g.waited]
+        self._start(waited, event)
+        for group in groups:
+            if not group.waited:
+                self._start([group], None)
+        return event
+
+    def _start(self, groups: Sequence[FlowGroup], event: simpy.Event | None) -> None:
+        count = sum(len(g.src) for g in groups)
         if not count:
-            event.succeed()
-            return event
-        for _, _, nbytes in groups:
-            require(nbytes >= 0, "flow bytes", float(nbytes), ">= 0")
+            if event is not None:
+                event.succeed()
+            return
         batch_id = self._next_batch
         self._next_batch += 1
         self._batches[batch_id] = _Batch(count, event)
-        for src, dst, nbytes in groups:
-            pattern = self.sets.pattern(src, dst)
-            if latency_s is not None:
-                entries = [(repeat * latency_s, pattern.moving_set, pattern.local_count)]
+        for g in groups:
+            require(g.repeat >= 1, "repeat", g.repeat, "a positive number of steps")
+            require(g.nbytes >= 0, "flow bytes", float(g.nbytes), ">= 0")
+            pattern = self.sets.pattern(g.src, g.dst)
+            if g.latency_s is not None:
+                entries = [(g.repeat * g.latency_s, pattern.moving_set, pattern.local_count)]
             else:
-                entries = [(repeat * d, s, n) for d, s, n in pattern.by_latency]
+                entries = [(g.repeat * d, fs, n) for d, fs, n in pattern.by_latency]
             for delay, flow_set, local in entries:
-                self._after(delay, self._adder(flow_set, local, nbytes * repeat, batch_id))
-        return event
+                self._after(delay, self._adder(flow_set, local, g.nbytes * g.repeat, batch_id))
 
     def bytes_by_link_class(self) -> dict[LinkClass, float]:
         """Bytes carried so far, summed over the directed links of each class."""
@@ -182,7 +206,7 @@ class FlowNetwork:
 
     @property
     def active_flows(self) -> int:
-        return sum(c.count for c in self._cohorts)
+        return self._index.flows()
 
     def _per_gpu(self, source: bool) -> FloatArray:
         out = np.zeros(self.topology.world_size)
@@ -205,14 +229,14 @@ class FlowNetwork:
     def _add(self, flow_set: int, local: int, nbytes: float, batch: int) -> None:
         """Flows whose latency has passed enter their data phase (at the next settle); local
         copies and empty messages cross no link: they end now."""
-        self._advance()
         count = self.sets.flow_set(flow_set).count if flow_set >= 0 else 0
         if nbytes <= 0:
             local, count = local + count, 0
         if local:
             self._finish_batch(batch, local)
         if count:
-            self._cohorts.append(_Cohort(flow_set, count, nbytes, nbytes, 0.0, batch))
+            cohort = _Cohort(flow_set, count, nbytes, nbytes, self.env.now, 0.0, batch)
+            self._new.append(self._index.add(cohort))
             self._request_settle()
 
     def _finish_batch(self, batch_id: int, count: int) -> None:
@@ -220,14 +244,8 @@ class FlowNetwork:
         batch.left -= count
         if batch.left == 0:
             del self._batches[batch_id]
-            batch.event.succeed()
-
-    def _advance(self) -> None:
-        elapsed = self.env.now - self._last_update
-        if elapsed > 0:
-            for c in self._cohorts:
-                c.remaining -= c.rate * elapsed
-        self._last_update = self.env.now
+            if batch.event is not None:
+                batch.event.succeed()
 
     # ---- settling: one recomputation per instant ------------------------------------
 
@@ -246,84 +264,69 @@ class FlowNetwork:
 
     def _settle(self) -> None:
         self._settle_pending = False
-        self._advance()
-        self._version += 1
         if self._finish_done():
             self._request_settle()  # waiters resume at this instant and may start flows
             return
-        if not self._cohorts:
-            return
-        self.recomputations += 1
-        self._rerate()
-        wait = min(c.remaining / c.rate for c in self._cohorts)
-        version = self._version
-        self.env.timeout(max(wait, 0.0)).callbacks.append(lambda _e: self._wake(version))
+        if self._new or self._touched:
+            self.recomputations += 1
+            self._rerate()
+        self._schedule_wake()
 
     def _rerate(self) -> None:
         """New rates for the cohorts whose links changed: those just added, and every cohort
         connected to them or to the flows that just ended through shared capacities (a
         connected component is solved alone; the others keep their rates)."""
-        seeds = [c for c in self._cohorts if c.rate == 0.0]
-        freed, self._freed = self._freed, []
-        seeds += [
-            c
-            for c in self._cohorts
-            if c.rate > 0.0 and any(self.sets.overlap(c.flow_set, f) for f in freed)
-        ]
-        touched = self._component(seeds)
-        kept = [c for c in self._cohorts if id(c) not in touched]
-        self._cohorts = kept + self._rated([c for c in self._cohorts if id(c) in touched])
-
-    def _component(self, seeds: list[_Cohort]) -> set[int]:
-        """Ids of the cohorts connected to `seeds` through shared capacities."""
-        reached = {id(c) for c in seeds}
-        frontier = list(seeds)
-        while frontier:
-            cohort = frontier.pop()
-            for other in self._cohorts:
-                if id(other) not in reached and self.sets.overlap(cohort.flow_set, other.flow_set):
-                    reached.add(id(other))
-                    frontier.append(other)
-        return reached
-
-    def _rated(self, cohorts: list[_Cohort]) -> list[_Cohort]:
-        """The cohorts with their max-min rates, split where their flows' rates differ."""
-        if not cohorts:
-            return []
-        ordered = sorted(cohorts, key=lambda c: c.flow_set)
-        solved = self.sets.rates(tuple(c.flow_set for c in ordered))
-        out = []
-        for cohort, parts in zip(ordered, solved, strict=True):
+        seeds = set(self._new) | (self._touched & self._index.ids())
+        self._new, self._touched = [], set()
+        component = self._index.component(seeds)
+        if not component:
+            return
+        now = self.env.now
+        cohorts = sorted((self._index.pop(i) for i in component), key=lambda c: c.flow_set)
+        solved = self.sets.rates(tuple(c.flow_set for c in cohorts))
+        for cohort, parts in zip(cohorts, solved, strict=True):
+            left = cohort.left(now)
             for flow_set, rate in parts:
                 count = self.sets.flow_set(flow_set).count
-                out.append(
-                    _Cohort(flow_set, count, cohort.total, cohort.remaining, rate, cohort.batch)
-                )
-        return out
+                part = _Cohort(flow_set, count, cohort.total, left, now, rate, cohort.batch)
+                heapq.heappush(self._ends, (part.ends, self._index.add(part)))
 
-    def _wake(self, version: int) -> None:
-        if version == self._version:
+    def _schedule_wake(self) -> None:
+        """A wake-up at the earliest end, unless one is already due then."""
+        while self._ends and self._ends[0][1] not in self._index.ids():
+            heapq.heappop(self._ends)  # a cohort re-rated or ended since
+        if not self._ends:
+            return
+        at = self._ends[0][0]
+        if self._wake_at is not None and self._wake_at <= at:
+            return
+        self._wake_at = at
+        delay = max(at - self.env.now, 0.0)
+        self.env.timeout(delay).callbacks.append(lambda _e: self._wake(at))
+
+    def _wake(self, at: float) -> None:
+        if self._wake_at == at:
+            self._wake_at = None
             self._request_settle()
 
     def _finish_done(self) -> bool:
         """End the flows with nothing left to send; True if there were any."""
-        if not self._cohorts:
-            return False
-        tolerance_s = _TIME_TOL_ABS_S + _TIME_TOL_REL * self.env.now
-        done = [c for c in self._cohorts if c.remaining <= c.rate * tolerance_s]
-        if not done:
-            return False
-        self._cohorts = [c for c in self._cohorts if c.remaining > c.rate * tolerance_s]
+        now = self.env.now
+        tolerance_s = _TIME_TOL_ABS_S + _TIME_TOL_REL * now
         finished: dict[int, int] = {}
-        for c in done:
-            self._book(c)
-            finished[c.batch] = finished.get(c.batch, 0) + c.count
+        while self._ends and self._ends[0][0] <= now + tolerance_s:
+            _, key = heapq.heappop(self._ends)
+            if key not in self._index.ids():
+                continue  # re-rated since
+            cohort = self._index.pop(key)
+            self._touched |= self._index.neighbours(cohort.flow_set)
+            self._book(cohort)
+            finished[cohort.batch] = finished.get(cohort.batch, 0) + cohort.count
         for batch_id in sorted(finished):
             self._finish_batch(batch_id, finished[batch_id])
-        return True
+        return bool(finished)
 
     def _book(self, cohort: _Cohort) -> None:
-        self._freed.append(cohort.flow_set)
         self.flows_finished += cohort.count
         self._booked.append((cohort.flow_set, cohort.total))
         self._class_bytes += cohort.total * self.sets.flow_set(cohort.flow_set).class_pairs

@@ -116,13 +116,14 @@ class FlowSets:
         key = (a, b) if a <= b else (b, a)
         found = self._overlaps.get(key)
         if found is None:
-            ra, rb = self._resources(a), self._resources(b)
+            ra, rb = self.resources(a), self.resources(b)
             found = self._overlaps[key] = a == b or bool(
                 np.intersect1d(ra, rb, assume_unique=True).size
             )
         return found
 
-    def _resources(self, flow_set: int) -> IntArray:
+    def resources(self, flow_set: int) -> IntArray:
+        """The capacities (resource ids) a flow set draws on, sorted."""
         found = self._unique.get(flow_set)
         if found is None:
             found = self._unique[flow_set] = np.unique(self._sets[flow_set].pair_resource)

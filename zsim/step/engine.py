@@ -279,10 +279,11 @@ class Engine:
     ) -> Generator[simpy.Event, None, None]:
         call = CollectiveCall(comm.op, comm.nbytes, members, root=comm.root)
         self.book(call, task.category, members)
-        first = self.comms.run(call)
-        for group in self.contending_replicas(members, comm):
-            self.comms.collective(comm.op, comm.nbytes, group, root=comm.root)
-        yield first
+        replicas = [
+            CollectiveCall(comm.op, comm.nbytes, group, root=comm.root)
+            for group in self.contending_replicas(members, comm)
+        ]
+        yield self.comms.run(call, replicas)
         done.succeed()
 
     def book(self, call: CollectiveCall, category: Category, senders: Sequence[int]) -> None:
@@ -328,9 +329,11 @@ class Engine:
         dst = self.peer(rank, comm.peer)
         call = CollectiveCall(CollectiveOp.SEND_RECV, comm.nbytes, (rank, dst))
         self.book(call, task.category, (rank,))
-        transfer = self.comms.run(call)
-        for src, peer in self.send_replicas(rank, comm.peer):
-            self.comms.transfer(src, peer, comm.nbytes)
+        replicas = [
+            CollectiveCall(CollectiveOp.SEND_RECV, comm.nbytes, pair)
+            for pair in self.send_replicas(rank, comm.peer)
+        ]
+        transfer = self.comms.run(call, replicas)
         arrival = self.arrival(dst, comm.tag)
         transfer.callbacks.append(lambda _: _trigger(arrival))
         return transfer
