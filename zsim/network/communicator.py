@@ -126,6 +126,9 @@ class Communicator:
     def links_of(self, call: CollectiveCall) -> frozenset[int]:
         """The link capacities `call`'s flows draw on (directed links; a half-duplex pair's
         two directions are one)."""
+        if call not in self._links and call.op is CollectiveOp.SEND_RECV:
+            route = self.topology.route(*call.group)
+            self._links[call] = frozenset(self.topology.resource[route.links].tolist())
         if call not in self._links:
             phases = self.plan(call).phases
             src = np.concatenate([p.src for p in phases]) if phases else np.zeros(0, np.int64)
@@ -135,6 +138,20 @@ class Communicator:
                 np.unique(self.topology.resource[routes.pair_link]).tolist()
             )
         return self._links[call]
+
+    def sharing_pairs(
+        self, pair: tuple[int, int], others: Sequence[tuple[int, int]]
+    ) -> list[tuple[int, int]]:
+        """The point-to-point transfers among `others` whose routes share a capacity with
+        `pair`'s (then they contend)."""
+        if not others:
+            return []
+        mine = self.links_of(CollectiveCall(CollectiveOp.SEND_RECV, 1.0, pair))
+        src, dst = (np.array(side, dtype=np.int64) for side in zip(*others, strict=True))
+        routes = self.topology.routes_of(src, dst)
+        hit = np.isin(self.topology.resource[routes.pair_link], np.array(sorted(mine)))
+        chosen = set(np.unique(routes.pair_flow[hit]).tolist())
+        return [p for i, p in enumerate(others) if i in chosen]
 
     def shares_links(
         self, op: CollectiveOp, group_a: Sequence[int], group_b: Sequence[int]

@@ -315,8 +315,7 @@ class Engine:
                 if (d, t) != (dp_i, tp_i)
             ]
             pairs = [(src, self.peer(src, offset)) for src in sources]
-            op = CollectiveOp.SEND_RECV
-            self._sends[key] = [p for p in pairs if self.comms.shares_links(op, mine, p)]
+            self._sends[key] = self.comms.sharing_pairs(mine, pairs)
         return self._sends[key]
 
     def peer(self, rank: int, offset: int) -> int:
