@@ -62,7 +62,7 @@ def bandwidths(op: CollectiveOp, n: int, nbytes: float, time_s: float) -> tuple[
     return algbw, algbw * bus_bandwidth_factor(op, n)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class CollectiveCall:
     """One collective the engine issues. `group` lists GPU ids in rank order; `root` is an
     index into it (broadcast, reduce); send_recv's group is (src, dst)."""
@@ -84,6 +84,24 @@ class CollectiveCall:
             "(src, dst) for send_recv",
         )
         require(0 <= self.root < len(self.group), "root", self.root, "an index into the group")
+        key = (self.op, self.nbytes, self.group, self.algorithm, self.root)
+        object.__setattr__(self, "_hash", hash(key))  # a group of 100k GPUs hashes once
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined, no-any-return]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, CollectiveCall):
+            return NotImplemented
+        if self is other:
+            return True
+        return hash(self) == hash(other) and (
+            self.op,
+            self.nbytes,
+            self.algorithm,
+            self.root,
+            self.group,
+        ) == (other.op, other.nbytes, other.algorithm, other.root, other.group)
 
 
 def _ids(values: Sequence[int] | IntArray) -> IntArray:

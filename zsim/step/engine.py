@@ -83,11 +83,13 @@ class Engine:
         self._parts_traffic: dict[
             tuple[int, int], tuple[tuple[Part, ...], dict[Category, float]]
         ] = {}
-        self._sent: dict[tuple[CollectiveCall, tuple[int, ...]], float] = {}
-        self._contending: dict[tuple[tuple[int, ...], CollectiveOp], list[tuple[int, ...]]] = {}
+        self._sent: dict[tuple[CollectiveCall, int | None], float] = {}
+        self._contending: dict[tuple[int, CollectiveOp], list[tuple[int, ...]]] = {}
         self.programs = programs
         self._sends: dict[tuple[int, int], list[tuple[int, int]]] = {}
         self._expected: dict[tuple[int, ...], int] = {}
+        # (op, bytes, id of a cached group, root) -> the call, holding the group alive
+        self._calls: dict[tuple[object, ...], tuple[CollectiveCall, tuple[int, ...]]] = {}
 
     def _simulated_ranks(self) -> tuple[int, ...]:
         g = self.grid
@@ -128,7 +130,7 @@ class Engine:
 
     def contending_replicas(self, members: tuple[int, ...], comm: Comm) -> list[tuple[int, ...]]:
         """Replica groups whose flows would share a link with this collective's."""
-        key = (members, comm.op)
+        key = (id(members), comm.op)  # groups are cached tuples: no hashing of all members
         if key not in self._contending:
             self._contending[key] = [
                 grp
@@ -224,10 +226,8 @@ class Engine:
                 if part.comm is not None:
                     members = self.group_of(rank, part.comm.group)
                     op, nbytes, root = part.comm.op, part.comm.nbytes, part.comm.root
-                    call = CollectiveCall(op, nbytes, members, root=root)
-                    sent[part.category] = sent.get(part.category, 0.0) + self.sent_bytes(
-                        call, (rank,)
-                    )
+                    call = self.call(op, nbytes, members, root)
+                    sent[part.category] = sent.get(part.category, 0.0) + self.sent_bytes(call, rank)
             self._parts_traffic[key] = (parts, sent)  # holding `parts` keeps its id unique
         return self._parts_traffic[key][1]
 
@@ -267,6 +267,17 @@ class Engine:
             self.env.process(self.launch(task, comm, members, meeting.done))
         return meeting.done
 
+    def call(
+        self, op: CollectiveOp, nbytes: float, members: tuple[int, ...], root: int = 0
+    ) -> CollectiveCall:
+        """One instance per call and group (groups are cached tuples): hashing and checking a
+        group of many GPUs once, not at every launch."""
+        key = (op, nbytes, id(members), root)
+        found = self._calls.get(key)
+        if found is None:
+            found = self._calls[key] = (CollectiveCall(op, nbytes, members, root=root), members)
+        return found[0]
+
     def expected(self, members: tuple[int, ...]) -> int:
         """How many simulated ranks a collective of `members` waits for."""
         found = self._expected.get(members)
@@ -277,23 +288,25 @@ class Engine:
     def launch(
         self, task: Task, comm: Comm, members: tuple[int, ...], done: simpy.Event
     ) -> Generator[simpy.Event, None, None]:
-        call = CollectiveCall(comm.op, comm.nbytes, members, root=comm.root)
-        self.book(call, task.category, members)
+        call = self.call(comm.op, comm.nbytes, members, comm.root)
+        self.book(call, task.category)
         replicas = [
-            CollectiveCall(comm.op, comm.nbytes, group, root=comm.root)
+            self.call(comm.op, comm.nbytes, group, comm.root)
             for group in self.contending_replicas(members, comm)
         ]
         yield self.comms.run(call, replicas)
         done.succeed()
 
-    def book(self, call: CollectiveCall, category: Category, senders: Sequence[int]) -> None:
-        """Count the bytes the simulated ranks among `senders` put on the network."""
-        sent = self.sent_bytes(call, senders)
+    def book(self, call: CollectiveCall, category: Category, sender: int | None = None) -> None:
+        """Count the bytes the simulated ranks among the call's members (or `sender` alone)
+        put on the network."""
+        sent = self.sent_bytes(call, sender)
         self.traffic[category] = self.traffic.get(category, 0.0) + sent
 
-    def sent_bytes(self, call: CollectiveCall, senders: Sequence[int]) -> float:
-        key = (call, tuple(senders))
+    def sent_bytes(self, call: CollectiveCall, sender: int | None = None) -> float:
+        key = (call, sender)
         if key not in self._sent:
+            senders = call.group if sender is None else (sender,)
             simulated = np.asarray(sorted(set(senders) & self.simulated), dtype=np.int64)
             self._sent[key] = sum(
                 phase.nbytes * phase.repeat * int(np.isin(phase.src, simulated).sum())
@@ -327,7 +340,7 @@ class Engine:
         assert comm is not None
         dst = self.peer(rank, comm.peer)
         call = CollectiveCall(CollectiveOp.SEND_RECV, comm.nbytes, (rank, dst))
-        self.book(call, task.category, (rank,))
+        self.book(call, task.category, rank)
         replicas = [
             CollectiveCall(CollectiveOp.SEND_RECV, comm.nbytes, pair)
             for pair in self.send_replicas(rank, comm.peer)
