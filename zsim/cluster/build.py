@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -20,6 +21,7 @@ from zsim.errors import InputError
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
+Ints = npt.NDArray[np.integer[Any]]  # (flow, edge) pairs: int32 where they may be many
 
 CLASSES: tuple[LinkClass, ...] = tuple(LinkClass)
 """Link classes by id (`Topology.class_id`)."""

@@ -17,7 +17,7 @@ from typing import Any
 import networkx as nx
 import numpy as np
 
-from zsim.cluster.build import Edge, FloatArray, IntArray, leaf_of, leaves
+from zsim.cluster.build import Edge, FloatArray, IntArray, Ints, leaf_of, leaves
 from zsim.cluster.fabric import FabricSpec
 
 
@@ -74,8 +74,8 @@ class Routes:
     """The routes of flows i = 0..F-1: each (flow, edge) pair, in route order, and the latency
     of each route."""
 
-    pair_flow: IntArray
-    pair_link: IntArray
+    pair_flow: Ints
+    pair_link: Ints
     latency_s: FloatArray
 
 
@@ -136,17 +136,19 @@ def _across(
 
 
 def _compacted(links: IntArray, latency: FloatArray) -> Routes:
-    """Pad entries dropped (each row's edges kept in order); each route's latency summed as
-    numpy sums the route's latencies alone."""
+    """Pad entries dropped (row-major order keeps each row's edges in route order); each
+    route's latency summed as numpy sums the route's latencies alone (rows of one length at a
+    time, so that the summation order is that of a single route)."""
     valid = links >= 0
-    order = np.argsort(~valid, axis=1, kind="stable")
-    links = np.take_along_axis(links, order, axis=1)
+    pair_link = links[valid]
     lengths = valid.sum(axis=1)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
     route_latency = np.zeros(len(links))
+    pair_latency = latency[pair_link]
     for n in np.unique(lengths).tolist():
         if n:
-            rows = lengths == n
-            route_latency[rows] = latency[links[rows, :n]].sum(axis=1)
-    keep = np.arange(links.shape[1])[None, :] < lengths[:, None]
-    pair_flow = np.repeat(np.arange(len(links), dtype=np.int64), lengths)
-    return Routes(pair_flow, links[keep], route_latency)
+            rows = np.flatnonzero(lengths == n)
+            index = starts[rows][:, None] + np.arange(n)
+            route_latency[rows] = pair_latency[index].sum(axis=1)
+    pair_flow = np.repeat(np.arange(len(links), dtype=np.int32), lengths)
+    return Routes(pair_flow, pair_link.astype(np.int32), route_latency)

@@ -41,6 +41,9 @@ from zsim.cluster.routing import Routes, RouteTables, route_tables, routes_of
 from zsim.errors import positive_int, require
 
 _FEW_FLOWS = 4  # routes of this many flows or fewer come from the per-pair cache
+# the routes of this many flows or more are kept, the latest sets up to this many (flow, edge)
+# pairs in all: a big collective's plans for each size, its closed form and its flows share them
+_CACHED_FLOWS, _CACHED_PAIRS = 4096, 16_000_000
 MAX_GPUS = 131_072
 """The largest cluster the simulator takes (2^17 GPUs: 16,384 nodes of 8); larger ones are
 refused before any work starts (`zsim.cluster.names`, `build_topology`)."""
@@ -74,6 +77,7 @@ class Topology:
     p2p_call_latency_s: float | None
     local_work: LocalWork  # a rank's own work in gloo's collectives (CPU fabric)
     _routes: dict[tuple[int, int], Route] = field(default_factory=dict, repr=False)
+    _route_sets: dict[tuple[bytes, bytes], Routes] = field(default_factory=dict, repr=False)
 
     @property
     def world_size(self) -> int:
@@ -200,6 +204,19 @@ class Topology:
         )
 
     def _many_routes(self, src: IntArray, dst: IntArray) -> Routes:
+        if len(src) < _CACHED_FLOWS:
+            return self._routes_now(src, dst)
+        key = (src.tobytes(), dst.tobytes())
+        found = self._route_sets.get(key)
+        if found is None:
+            found = self._routes_now(src, dst)
+            held = sum(len(r.pair_link) for r in self._route_sets.values())
+            while self._route_sets and held + len(found.pair_link) > _CACHED_PAIRS:
+                held -= len(self._route_sets.pop(next(iter(self._route_sets))).pair_link)
+            self._route_sets[key] = found
+        return found
+
+    def _routes_now(self, src: IntArray, dst: IntArray) -> Routes:
         return routes_of(
             src,
             dst,
@@ -223,8 +240,8 @@ class Topology:
         return [self.route(*pair) for pair in pairs]
 
     def _build_route(self, src: int, dst: int) -> Route:
-        found = self._many_routes(np.array([src]), np.array([dst]))
-        links = found.pair_link.copy()
+        found = self._routes_now(np.array([src]), np.array([dst]))
+        links = found.pair_link.astype(np.int64)
         links.flags.writeable = False
         return Route(links, float(found.latency_s[0]))
 

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zsim.cluster.build import CLASSES, FloatArray, IntArray
+from zsim.cluster.build import CLASSES, FloatArray, IntArray, Ints
 from zsim.cluster.topology import Topology
 
 
 def max_min_rates(
-    pair_flow: IntArray, pair_link: IntArray, capacity: FloatArray, n_flows: int
+    pair_flow: Ints, pair_link: Ints, capacity: FloatArray, n_flows: int
 ) -> FloatArray:
     """Max-min fair rates of `n_flows` flows; flow f crosses link l for each pair (f, l).
 
@@ -69,9 +69,9 @@ class FlowSet:
     index: IntArray  # into the pattern's moving flows
     src: IntArray
     dst: IntArray
-    pair_row: IntArray  # a flow of this set, 0..count-1
-    pair_edge: IntArray
-    pair_resource: IntArray
+    pair_row: Ints  # a flow of this set, 0..count-1
+    pair_edge: Ints
+    pair_resource: Ints
     class_pairs: FloatArray  # (flow, edge) pairs per link class
 
     @property
@@ -84,8 +84,8 @@ class _Routed:
     src: IntArray
     dst: IntArray
     latency_s: FloatArray
-    pair_flow: IntArray
-    pair_edge: IntArray
+    pair_flow: Ints
+    pair_edge: Ints
 
 
 class FlowSets:
@@ -94,18 +94,28 @@ class FlowSets:
     def __init__(self, topology: Topology) -> None:
         self.topology = topology
         self._patterns: dict[tuple[bytes, bytes], Pattern] = {}
+        self._by_array: dict[tuple[int, int], tuple[Pattern, IntArray, IntArray]] = {}
         self._routed: list[_Routed] = []
         self._sets: list[FlowSet] = []
         self._set_ids: dict[tuple[int, bytes], int] = {}
         self._rates: dict[tuple[int, ...], list[list[tuple[int, float]]]] = {}
         self._overlaps: dict[tuple[int, int], bool] = {}
         self._unique: dict[int, IntArray] = {}
+        # every edge its own capacity (no half-duplex pair): a set's edges are its capacities
+        resource = topology.resource
+        self._own_capacity = bool((resource == np.arange(len(resource))).all())
 
     def pattern(self, src: IntArray, dst: IntArray) -> Pattern:
+        """The pattern of these flows: found by the arrays themselves first (a plan's phase
+        is started many times), then by their contents."""
+        by_id = self._by_array.get((id(src), id(dst)))
+        if by_id is not None:
+            return by_id[0]
         key = (src.tobytes(), dst.tobytes())
         found = self._patterns.get(key)
         if found is None:
             found = self._patterns[key] = self._new_pattern(src, dst)
+        self._by_array[(id(src), id(dst))] = (found, src, dst)  # holding the arrays keeps ids
         return found
 
     def flow_set(self, flow_set: int) -> FlowSet:
@@ -174,20 +184,24 @@ class FlowSets:
 
     def _new_set(self, pattern: int, index: IntArray) -> FlowSet:
         routed = self._routed[pattern]
-        position = np.full(routed.src.shape[0], -1, dtype=np.int64)
-        position[index] = np.arange(index.shape[0])
-        row = position[routed.pair_flow]
-        keep = row >= 0
-        edges = routed.pair_edge[keep]
+        if index.shape[0] == routed.src.shape[0]:  # all of them, in order: share the arrays
+            rows, edges = routed.pair_flow, routed.pair_edge
+        else:
+            position = np.full(routed.src.shape[0], -1, dtype=np.int32)
+            position[index] = np.arange(index.shape[0], dtype=np.int32)
+            row = position[routed.pair_flow]
+            keep = row >= 0
+            rows, edges = row[keep], routed.pair_edge[keep]
         class_pairs = np.bincount(self.topology.class_id[edges], minlength=len(CLASSES))
+        resources = edges if self._own_capacity else self.topology.resource[edges]
         return FlowSet(
             pattern,
             index,
             routed.src[index],
             routed.dst[index],
-            row[keep],
+            rows,
             edges,
-            self.topology.resource[edges],
+            resources,
             class_pairs.astype(np.float64),
         )
 
