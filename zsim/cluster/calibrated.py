@@ -103,7 +103,12 @@ def with_link_class(
     bandwidth.flags.writeable = False
     latency.flags.writeable = False
     return replace(
-        topo, bandwidth_bytes_per_s=bandwidth, latency_s=latency, _routes={}, _route_sets={}
+        topo,
+        bandwidth_bytes_per_s=bandwidth,
+        latency_s=latency,
+        _routes={},
+        _route_sets={},
+        memo={},
     )
 
 
@@ -120,6 +125,7 @@ def with_call_latency(
         p2p_call_latency_s=p2p,
         _routes={},
         _route_sets={},
+        memo={},
     )
 
 
@@ -147,4 +153,4 @@ def with_local_work(
         for op, value in op_call_s.items():
             require(value >= 0, f"local work op_call_s.{op}", value, ">= 0 s")
         work = replace(work, op_call_s=dict(op_call_s))
-    return replace(topo, local_work=work, _routes={}, _route_sets={})
+    return replace(topo, local_work=work, _routes={}, _route_sets={}, memo={})

@@ -19,9 +19,10 @@ built when first asked for: the simulator needs only the arrays.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any, TypeVar
 
 import networkx as nx
 import numpy as np
@@ -40,6 +41,7 @@ from zsim.cluster.fabric import FabricSpec, LinkClass, LocalWork
 from zsim.cluster.routing import Routes, RouteTables, route_tables, routes_of
 from zsim.errors import positive_int, require
 
+T = TypeVar("T")
 _FEW_FLOWS = 4  # routes of this many flows or fewer come from the per-pair cache
 # the routes of this many flows or more are kept, the latest sets up to this many (flow, edge)
 # pairs in all: a big collective's plans for each size, its closed form and its flows share them
@@ -78,6 +80,7 @@ class Topology:
     local_work: LocalWork  # a rank's own work in gloo's collectives (CPU fabric)
     _routes: dict[tuple[int, int], Route] = field(default_factory=dict, repr=False)
     _route_sets: dict[tuple[bytes, bytes], Routes] = field(default_factory=dict, repr=False)
+    memo: dict[Any, Any] = field(default_factory=dict, repr=False)  # see `memoized`
 
     @property
     def world_size(self) -> int:
@@ -226,6 +229,15 @@ class Topology:
             len(self.template),
             self.latency_s,
         )
+
+    def memoized(self, key: Any, make: Callable[[], T]) -> T:
+        """What `make` computes from this topology alone, once per key (a group's rings, the
+        fair share of a pattern's flows): every call of a collective on that group, whatever
+        its size, shares it. Keys holding arrays use their ids; the value keeps them alive."""
+        found = self.memo.get(key)
+        if found is None:
+            found = self.memo[key] = make()
+        return found
 
     def route(self, src: int, dst: int) -> Route:
         """The path a flow from GPU `src` to GPU `dst` takes (cached)."""

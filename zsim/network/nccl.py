@@ -64,6 +64,12 @@ def nccl_rings(topo: Topology, group: Sequence[int]) -> IntArray:
     channel per member slot of the smallest node: channel c enters the first node at member c
     and leaves at c-1, walks the next node backwards from c-1 to c, and so on, so every
     inter-node hop joins two GPUs of the same rail."""
+    if len(group) < 64:
+        return _rings(topo, group)
+    return topo.memoized(("nccl_rings", tuple(group)), lambda: _rings(topo, group))
+
+
+def _rings(topo: Topology, group: Sequence[int]) -> IntArray:
     members = by_node(topo, group)
     if len(members) == 1:
         return members[0][None, :]
@@ -96,7 +102,10 @@ def ring_phase(
     group, or the disjoint groups of a hierarchical stage)."""
     m = rings.shape[1]
     steps = 2 * (m - 1) if op is CollectiveOp.ALL_REDUCE else m - 1
-    src, dst = ring_flows(rings)
+    if rings.size >= 64:  # one pair of arrays for every call on these rings
+        src, dst, _ = topo.memoized(("ring_flows", id(rings)), lambda: (*ring_flows(rings), rings))
+    else:
+        src, dst = ring_flows(rings)
     alpha = ring_latency(topo, rings)
     closed = ring_closed_form_s(op, m, bytes_per_ring, alpha, fair_share(topo, src, dst))
     return Phase(src, dst, bytes_per_ring / m, repeat=steps, latency_s=alpha), closed

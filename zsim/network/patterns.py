@@ -21,11 +21,22 @@ from zsim.network.collective import CollectiveCall, CollectiveOp, Phase, ring_cl
 
 Built = tuple[list[Phase], float]  # phases and the closed form (without the call latency)
 
+_MEMO_FLOWS = 4096
+"""Patterns of this many flows or more keep what is derived from them (`Topology.memoized`):
+every call of a collective on one big group, whatever its size, reuses the same arrays."""
+
 
 def fair_share(topo: Topology, src: IntArray, dst: IntArray) -> float:
     """The smallest fair share of any capacity (capacity / flows drawing on it; a half-duplex
     pair is one capacity): the rate of the slowest flow when all start together (the first
     level of max-min filling)."""
+    if len(src) < _MEMO_FLOWS:
+        return _fair_share(topo, src, dst)
+    key = ("fair_share", id(src), id(dst))
+    return topo.memoized(key, lambda: (_fair_share(topo, src, dst), src, dst))[0]
+
+
+def _fair_share(topo: Topology, src: IntArray, dst: IntArray) -> float:
     moving = src != dst
     if not moving.any():
         return math.inf
@@ -78,6 +89,13 @@ def ring_flows(rings: IntArray, shift: int = 1) -> tuple[IntArray, IntArray]:
 
 def ring_latency(topo: Topology, rings: IntArray, shift: int = 1) -> float:
     """One pipelined step: the mean hop latency of the slowest ring (in its direction)."""
+    if rings.size < _MEMO_FLOWS:
+        return _ring_latency(topo, rings, shift)
+    key = ("ring_latency", id(rings), shift)
+    return topo.memoized(key, lambda: (_ring_latency(topo, rings, shift), rings))[0]
+
+
+def _ring_latency(topo: Topology, rings: IntArray, shift: int) -> float:
     cycles = np.concatenate([rings, rings[:, :1]], axis=1)
     if shift < 0:
         cycles = cycles[:, ::-1]
