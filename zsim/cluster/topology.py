@@ -46,6 +46,7 @@ _FEW_FLOWS = 4  # routes of this many flows or fewer come from the per-pair cach
 # the routes of this many flows or more are kept, the latest sets up to this many (flow, edge)
 # pairs in all: a big collective's plans for each size, its closed form and its flows share them
 _CACHED_FLOWS, _CACHED_PAIRS = 4096, 16_000_000
+_CHUNK_FLOWS = 262_144  # routes of more flows are found this many at a time
 MAX_GPUS = 131_072
 """The largest cluster the simulator takes (2^17 GPUs: 16,384 nodes of 8); larger ones are
 refused before any work starts (`zsim.cluster.names`, `build_topology`)."""
@@ -220,6 +221,18 @@ class Topology:
         return found
 
     def _routes_now(self, src: IntArray, dst: IntArray) -> Routes:
+        if len(src) > _CHUNK_FLOWS:  # in pieces: the working arrays stay small
+            parts = [
+                self._routes_now(src[i : i + _CHUNK_FLOWS], dst[i : i + _CHUNK_FLOWS])
+                for i in range(0, len(src), _CHUNK_FLOWS)
+            ]
+            return Routes(
+                np.concatenate(
+                    [p.pair_flow + i * _CHUNK_FLOWS for i, p in enumerate(parts)]
+                ).astype(np.int32),
+                np.concatenate([p.pair_link for p in parts]),
+                np.concatenate([p.latency_s for p in parts]),
+            )
         return routes_of(
             src,
             dst,

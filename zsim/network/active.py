@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Generic, Protocol, TypeVar
 
+import numpy as np
+
 from zsim.network.rates import FlowSets
 
 SMALL = 64
@@ -90,7 +92,8 @@ class ActiveCohorts(Generic[C]):
     def _of(self, flow_set: int) -> tuple[int, ...] | None:
         found = self._resources.get(flow_set, ())
         if found == ():
-            unique = self.sets.resources(flow_set)
+            pairs = self.sets.flow_set(flow_set).pair_resource
+            unique = np.unique(pairs) if len(pairs) <= 4 * SMALL else pairs[: SMALL + 1]
             found = self._resources[flow_set] = (
                 tuple(unique.tolist()) if len(unique) <= SMALL else None
             )

@@ -28,7 +28,9 @@ def max_min_rates(
     links freeze. Each round freezes at least one link, so rounds <= distinct bottlenecks.
     Flows frozen in the same round get bitwise-equal rates.
     """
-    links, local = np.unique(pair_link, return_inverse=True)
+    present = np.bincount(pair_link, minlength=capacity.shape[0]) > 0
+    links = np.flatnonzero(present)  # as np.unique would sort them, without the sort
+    local = (np.cumsum(present) - 1)[pair_link]
     full = capacity[links].astype(np.float64)
     left = full.copy()
     rate = np.zeros(n_flows, dtype=np.float64)
@@ -100,7 +102,6 @@ class FlowSets:
         self._set_ids: dict[tuple[int, bytes], int] = {}
         self._rates: dict[tuple[int, ...], list[list[tuple[int, float]]]] = {}
         self._overlaps: dict[tuple[int, int], bool] = {}
-        self._unique: dict[int, IntArray] = {}
         # every edge its own capacity (no half-duplex pair): a set's edges are its capacities
         resource = topology.resource
         self._own_capacity = bool((resource == np.arange(len(resource))).all())
@@ -126,18 +127,18 @@ class FlowSets:
         key = (a, b) if a <= b else (b, a)
         found = self._overlaps.get(key)
         if found is None:
-            ra, rb = self.resources(a), self.resources(b)
-            found = self._overlaps[key] = a == b or bool(
-                np.intersect1d(ra, rb, assume_unique=True).size
-            )
+            found = self._overlaps[key] = a == b or self._share_capacity(a, b)
         return found
 
-    def resources(self, flow_set: int) -> IntArray:
-        """The capacities (resource ids) a flow set draws on, sorted."""
-        found = self._unique.get(flow_set)
-        if found is None:
-            found = self._unique[flow_set] = np.unique(self._sets[flow_set].pair_resource)
-        return found
+    def _share_capacity(self, a: int, b: int) -> bool:
+        ra, rb = self._sets[a].pair_resource, self._sets[b].pair_resource
+        if len(ra) < len(rb):
+            ra, rb = rb, ra
+        if len(rb) <= 64:
+            return bool(np.isin(rb, ra).any())
+        marked = np.zeros(self.topology.edge_count, dtype=bool)
+        marked[ra] = True
+        return bool(marked[rb].any())
 
     def rates(self, flow_sets: tuple[int, ...]) -> list[list[tuple[int, float]]]:
         """For each of these (active) flow sets, its parts of equal rate: (flow set, rate)."""
