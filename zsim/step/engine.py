@@ -80,6 +80,7 @@ class Engine:
         }
         self._replicas: dict[tuple[int, Group], list[tuple[int, ...]]] = {}
         self._groups: dict[tuple[int, Group], tuple[int, ...]] = {}
+        self._interned: dict[tuple[int, ...], tuple[int, ...]] = {}
         self._parts_traffic: dict[
             tuple[int, int], tuple[tuple[Part, ...], dict[Category, float]]
         ] = {}
@@ -87,7 +88,7 @@ class Engine:
         self._contending: dict[tuple[int, CollectiveOp], list[tuple[int, ...]]] = {}
         self.programs = programs
         self._sends: dict[tuple[int, int], list[tuple[int, int]]] = {}
-        self._expected: dict[tuple[int, ...], int] = {}
+        self._expected: dict[int, int] = {}
         # (op, bytes, id of a cached group, root) -> the call, holding the group alive
         self._calls: dict[tuple[object, ...], tuple[CollectiveCall, tuple[int, ...]]] = {}
 
@@ -105,8 +106,9 @@ class Engine:
 
     def group_of(self, rank: int, group: Group) -> tuple[int, ...]:
         key = (rank, group)
-        if key not in self._groups:
-            self._groups[key] = self._members(rank, group)
+        if key not in self._groups:  # one tuple per group, shared by its members' lookups
+            members = self._members(rank, group)
+            self._groups[key] = self._interned.setdefault(members, members)
         return self._groups[key]
 
     def _members(self, rank: int, group: Group) -> tuple[int, ...]:
@@ -257,7 +259,7 @@ class Engine:
             return self.send(rank, task)
         members = self.group_of(rank, comm.group)
         counter = self.calls.setdefault((rank, comm.group, task.stream), itertools.count())
-        key = (comm.group, members, task.stream, next(counter))
+        key = (comm.group, id(members), task.stream, next(counter))  # groups: cached tuples
         meeting = self.pending.setdefault(key, _Rendezvous(done=self.env.event()))
         meeting.arrived += 1
         assert meeting.done is not None
@@ -280,9 +282,9 @@ class Engine:
 
     def expected(self, members: tuple[int, ...]) -> int:
         """How many simulated ranks a collective of `members` waits for."""
-        found = self._expected.get(members)
-        if found is None:
-            found = self._expected[members] = sum(1 for r in members if r in self.simulated)
+        found = self._expected.get(id(members))
+        if found is None:  # groups are cached tuples: their ids are theirs
+            found = self._expected[id(members)] = sum(1 for r in members if r in self.simulated)
         return found
 
     def launch(
