@@ -9,6 +9,7 @@ asked for (a drawing, a summary), so a cluster of 100,000 GPUs costs arrays, not
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, replace
 from typing import Any
@@ -25,6 +26,16 @@ Ints = npt.NDArray[np.integer[Any]]  # (flow, edge) pairs: int32 where they may 
 
 CLASSES: tuple[LinkClass, ...] = tuple(LinkClass)
 """Link classes by id (`Topology.class_id`)."""
+
+
+def digest(*arrays: npt.NDArray[Any]) -> bytes:
+    """A key for arrays by their contents (a 16-byte BLAKE2 digest of their dtypes, shapes and
+    bytes), which does not keep a copy of them as a bytes key would."""
+    h = hashlib.blake2b(digest_size=16)
+    for a in arrays:
+        h.update(str((a.dtype, a.shape)).encode())
+        h.update(np.ascontiguousarray(a).data)
+    return h.digest()
 
 
 @dataclass(frozen=True)

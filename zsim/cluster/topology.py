@@ -33,6 +33,7 @@ from zsim.cluster.build import (
     Edge,
     FloatArray,
     IntArray,
+    digest,
     edge_arrays,
     edge_names,
     node_template,
@@ -80,7 +81,7 @@ class Topology:
     p2p_call_latency_s: float | None
     local_work: LocalWork  # a rank's own work in gloo's collectives (CPU fabric)
     _routes: dict[tuple[int, int], Route] = field(default_factory=dict, repr=False)
-    _route_sets: dict[tuple[bytes, bytes], Routes] = field(default_factory=dict, repr=False)
+    _route_sets: dict[bytes, Routes] = field(default_factory=dict, repr=False)
     memo: dict[Any, Any] = field(default_factory=dict, repr=False)  # see `memoized`
 
     @property
@@ -210,7 +211,7 @@ class Topology:
     def _many_routes(self, src: IntArray, dst: IntArray) -> Routes:
         if len(src) < _CACHED_FLOWS:
             return self._routes_now(src, dst)
-        key = (src.tobytes(), dst.tobytes())
+        key = digest(src, dst)
         found = self._route_sets.get(key)
         if found is None:
             found = self._routes_now(src, dst)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zsim.cluster.build import CLASSES, FloatArray, IntArray, Ints
+from zsim.cluster.build import CLASSES, FloatArray, IntArray, Ints, digest
 from zsim.cluster.topology import Topology
 
 
@@ -95,7 +95,7 @@ class FlowSets:
 
     def __init__(self, topology: Topology) -> None:
         self.topology = topology
-        self._patterns: dict[tuple[bytes, bytes], Pattern] = {}
+        self._patterns: dict[bytes, Pattern] = {}
         self._by_array: dict[tuple[int, int], tuple[Pattern, IntArray, IntArray]] = {}
         self._routed: list[_Routed] = []
         self._sets: list[FlowSet] = []
@@ -112,7 +112,7 @@ class FlowSets:
         by_id = self._by_array.get((id(src), id(dst)))
         if by_id is not None:
             return by_id[0]
-        key = (src.tobytes(), dst.tobytes())
+        key = digest(src, dst)
         found = self._patterns.get(key)
         if found is None:
             found = self._patterns[key] = self._new_pattern(src, dst)
@@ -176,18 +176,21 @@ class FlowSets:
         return Pattern(self._intern(pattern, all_flows), local, tuple(by_latency))
 
     def _intern(self, pattern: int, index: IntArray) -> int:
-        key = (pattern, index.astype(np.int64).tobytes())
+        index = index.astype(np.int32, copy=False)
+        key = (pattern, digest(index))
         found = self._set_ids.get(key)
         if found is None:
             found = self._set_ids[key] = len(self._sets)
-            self._sets.append(self._new_set(pattern, index.astype(np.int64)))
+            self._sets.append(self._new_set(pattern, index))
         return found
 
     def _new_set(self, pattern: int, index: IntArray) -> FlowSet:
         routed = self._routed[pattern]
+        src, dst = routed.src, routed.dst
         if index.shape[0] == routed.src.shape[0]:  # all of them, in order: share the arrays
             rows, edges = routed.pair_flow, routed.pair_edge
         else:
+            src, dst = src[index], dst[index]
             position = np.full(routed.src.shape[0], -1, dtype=np.int32)
             position[index] = np.arange(index.shape[0], dtype=np.int32)
             row = position[routed.pair_flow]
@@ -198,8 +201,8 @@ class FlowSets:
         return FlowSet(
             pattern,
             index,
-            routed.src[index],
-            routed.dst[index],
+            src,
+            dst,
             rows,
             edges,
             resources,
