@@ -78,6 +78,14 @@ class ActiveCohorts(Generic[C]):
         small = (k for k, c in self._cohorts.items() if k not in self._big)
         return found | {k for k in small if overlap(flow_set, self._cohorts[k].flow_set)}
 
+    def shares(self, flow_set: int) -> bool:
+        """Whether any active cohort shares a capacity with this flow set."""
+        return bool(self.neighbours(flow_set))
+
+    def small_resources(self, flow_set: int) -> tuple[int, ...] | None:
+        """The capacities of a flow set drawing on few (None for a big one)."""
+        return self._of(flow_set)
+
     def component(self, seeds: Iterable[int]) -> set[int]:
         """The cohorts connected to `seeds` through shared capacities, seeds included."""
         reached = set(seeds)

@@ -109,6 +109,17 @@ class Communicator:
                 self.env.process(run_plan(self.network, self.plan(other), self.exact_steps))
         return process
 
+    def send(self, call: CollectiveCall) -> simpy.Event:
+        """A point-to-point send, timed alone while nothing shares its links
+        (`FlowNetwork.transfer_alone`) when its plan is one flow and no local work; the event
+        fires when it has arrived."""
+        chosen = self.plan(call)
+        phase = chosen.phases[0] if len(chosen.phases) == 1 else None
+        if phase is None or phase.local_s > 0 or phase.size != 1 or self.exact_steps:
+            return self.run(call)
+        src, dst = int(phase.src[0]), int(phase.dst[0])
+        return self.network.transfer_alone(src, dst, phase.nbytes, chosen.overhead_s)
+
     def collective(
         self,
         op: CollectiveOp,

@@ -48,6 +48,7 @@ from zsim.cluster.fabric import LinkClass
 from zsim.cluster.topology import Topology
 from zsim.errors import require
 from zsim.network.active import ActiveCohorts as _ActiveCohorts
+from zsim.network.alone import Lone, LoneTransfers
 from zsim.network.rates import FlowSets, max_min_rates
 
 __all__ = ["Flow", "FlowGroup", "FlowNetwork", "max_min_rates"]
@@ -124,6 +125,7 @@ class FlowNetwork:
         self._ends: list[tuple[float, int]] = []  # (end time, cohort) heap
         self._wake_at: float | None = None
         self._settle_pending = False
+        self._lone = LoneTransfers()
         self._booked: list[tuple[int, float]] = []  # (flow set, bytes per flow) of ended flows
         self._class_bytes = np.zeros(len(CLASSES))
         self.recomputations = 0
@@ -162,6 +164,57 @@ class FlowNetwork:
             if not group.waited:
                 self._start([group], None)
         return event
+
+    def transfer_alone(self, src: int, dst: int, nbytes: float, delay_s: float) -> simpy.Event:
+        """One flow whose data starts after `delay_s` (the call's latency) plus its route's
+        latency, timed alone while nothing shares its capacities (`zsim.network.alone`); the
+        event fires when its last byte arrives."""
+        event = self.env.event()
+        pattern = self.sets.pattern(np.array([src]), np.array([dst]))
+        flow_set = pattern.moving_set
+        resources = self._index.small_resources(flow_set) if flow_set >= 0 else None
+        if (
+            resources is None
+            or nbytes <= 0
+            or self._index.shares(flow_set)
+            or (self._lone.on(resources))
+        ):
+            for other in self._lone.on(resources or ()):
+                self._convert(other)  # two sends on one capacity: both are flows
+            group = FlowGroup(np.array([src]), np.array([dst]), nbytes)
+            self._after(delay_s, lambda: self._start([group], event))
+            return event
+        rate = self.sets.rates((flow_set,))[0][0][1]
+        data_at = self.env.now + delay_s + pattern.by_latency[0][0]
+        lone = Lone(flow_set, nbytes, data_at, rate, data_at + nbytes / rate, event, resources)
+        self._lone.add(lone)
+        self.env.timeout(max(lone.ends - self.env.now, 0.0)).callbacks.append(
+            lambda _e: self._lone_ends(lone)
+        )
+        return event
+
+    def _lone_ends(self, lone: Lone) -> None:
+        if not lone.active:
+            return  # converted: it ends as a flow
+        self._lone.remove(lone)
+        self.flows_finished += 1
+        self._booked.append((lone.flow_set, lone.nbytes))
+        self._class_bytes += lone.nbytes * self.sets.flow_set(lone.flow_set).class_pairs
+        lone.event.succeed()
+
+    def _convert(self, lone: Lone) -> None:
+        """A transfer timed alone joins the network as a flow, with the bytes it has left."""
+        self._lone.remove(lone)
+        now = self.env.now
+        batch_id = self._next_batch
+        self._next_batch += 1
+        self._batches[batch_id] = _Batch(1, lone.event)
+        if now < lone.data_at:
+            self._after(lone.data_at - now, self._adder(lone.flow_set, 0, lone.nbytes, batch_id))
+            return
+        cohort = _Cohort(lone.flow_set, 1, lone.nbytes, lone.left(now), now, 0.0, batch_id)
+        self._new.append(self._index.add(cohort))
+        self._request_settle()
 
     def _start(self, groups: Sequence[FlowGroup], event: simpy.Event | None) -> None:
         count = sum(len(g.src) for g in groups)
@@ -235,9 +288,19 @@ class FlowNetwork:
         if local:
             self._finish_batch(batch, local)
         if count:
+            for lone in self._lone_sharing(flow_set):
+                self._convert(lone)  # a flow comes onto its capacities: it is a flow now
             cohort = _Cohort(flow_set, count, nbytes, nbytes, self.env.now, 0.0, batch)
             self._new.append(self._index.add(cohort))
             self._request_settle()
+
+    def _lone_sharing(self, flow_set: int) -> list[Lone]:
+        if not self._lone:
+            return []
+        resources = self._index.small_resources(flow_set)
+        if resources is not None:
+            return self._lone.on(resources)
+        return [x for x in self._lone.all() if self.sets.overlap(flow_set, x.flow_set)]
 
     def _finish_batch(self, batch_id: int, count: int) -> None:
         batch = self._batches[batch_id]

@@ -347,7 +347,7 @@ class Engine:
             CollectiveCall(CollectiveOp.SEND_RECV, comm.nbytes, pair)
             for pair in self.send_replicas(rank, comm.peer)
         ]
-        transfer = self.comms.run(call, replicas)
+        transfer = self.comms.send(call) if not replicas else self.comms.run(call, replicas)
         arrival = self.arrival(dst, comm.tag)
         transfer.callbacks.append(lambda _: _trigger(arrival))
         return transfer
