@@ -36,6 +36,7 @@ class Report:
     hfu: float
     stages: tuple[RankTimes, ...]  # one per pipeline stage (its first rank)
     traffic_bytes_per_gpu: dict[str, float]  # by communication category, mean over GPUs
+    link_traffic_bytes: dict[str, float]  # by link class, whole cluster, over its directed links
     memory: MemoryLedger
     memory_pipeline_stage: int
     fits: bool
@@ -66,6 +67,7 @@ class Report:
             "bubble_s": self.bubble_s,
             "stages": [s.__dict__ for s in self.stages],
             "traffic_bytes_per_gpu": self.traffic_bytes_per_gpu,
+            "link_traffic_bytes": self.link_traffic_bytes,
             "memory_bytes": self.memory.as_dict(),
             "memory_pipeline_stage": self.memory_pipeline_stage,
             "fits": self.fits,
@@ -135,6 +137,7 @@ def simulate(
         hfu=hw_flops / step / gpus / peak if peak else 0.0,
         stages=stages,
         traffic_bytes_per_gpu=dict(result.traffic_bytes),
+        link_traffic_bytes=dict(result.link_bytes),
         memory=ledger,
         memory_pipeline_stage=pipeline_stage,
         fits=ledger.device_total <= device.usable_bytes,

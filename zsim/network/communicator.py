@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import simpy
 
+from zsim.cluster.build import CLASSES, FloatArray
 from zsim.cluster.topology import Topology
 from zsim.network.collective import Algorithm, CollectiveCall, CollectiveOp, Phase, Plan
 from zsim.network.flows import FlowGroup, FlowNetwork
@@ -87,6 +88,7 @@ class Communicator:
         self.exact_steps = exact_steps
         self._plans: dict[CollectiveCall, Plan] = {}
         self._links: dict[CollectiveCall, frozenset[int]] = {}
+        self._class_bytes: dict[CollectiveCall, FloatArray] = {}
 
     def plan(self, call: CollectiveCall) -> Plan:
         if call not in self._plans:
@@ -133,6 +135,24 @@ class Communicator:
     def transfer(self, src: int, dst: int, nbytes: float) -> simpy.Process:
         """A point-to-point send (pipeline activations): one send_recv call."""
         return self.collective(CollectiveOp.SEND_RECV, nbytes, (src, dst))
+
+    def class_bytes(self, call: CollectiveCall) -> FloatArray:
+        """Bytes `call`'s flows put on each link class (by `zsim.cluster.build.CLASSES`
+        index), summed over the directed links they cross."""
+        found = self._class_bytes.get(call)
+        if found is None:
+            found = np.zeros(len(CLASSES))
+            for phase in self.plan(call).phases:
+                moving = phase.src != phase.dst
+                if phase.nbytes <= 0 or not moving.any():
+                    continue
+                routes = self.topology.routes_of(phase.src[moving], phase.dst[moving])
+                pairs = np.bincount(
+                    self.topology.class_id[routes.pair_link], minlength=len(CLASSES)
+                )
+                found += phase.nbytes * phase.repeat * pairs
+            self._class_bytes[call] = found
+        return found
 
     def links_of(self, call: CollectiveCall) -> frozenset[int]:
         """The link capacities `call`'s flows draw on (directed links; a half-duplex pair's

@@ -183,6 +183,7 @@ def run_report(
     out["memory_GB"] = {k: gb(v) for k, v in report.memory.as_dict().items()}
     out["usable_memory_GB"] = gb(device.usable_bytes)
     out["traffic_GB_per_gpu"] = {k: v / GB for k, v in report.traffic_bytes_per_gpu.items()}
+    out["link_traffic_GB"] = {k: v / GB for k, v in report.link_traffic_bytes.items()}
     return out
 
 
@@ -217,6 +218,8 @@ def print_run(r: dict[str, Any]) -> None:
     ]
     for key, value in sorted(r["traffic_GB_per_gpu"].items()):
         rows.append((f"sent per GPU: {key}", f"{value:,.3f} GB"))
+    for key, value in sorted(r["link_traffic_GB"].items()):
+        rows.append((f"carried by {key} links (sum)", f"{value:,.3f} GB"))
     for row in rows:
         t.add_row(*row)
     _console.print(t)

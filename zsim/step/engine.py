@@ -15,13 +15,13 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-import numpy as np
 import simpy
 
 from zsim.cluster.grid import GroupKind, RankGrid
 from zsim.network.collective import CollectiveCall, CollectiveOp
 from zsim.network.communicator import Communicator
-from zsim.step.program import Category, Comm, Group, Part, Program, Stream, Task
+from zsim.step.program import Comm, Group, Part, Program, Stream, Task
+from zsim.step.traffic import Traffic
 
 
 class Span(NamedTuple):
@@ -48,6 +48,7 @@ class EngineResult:
     end_s: float
     simulated_ranks: tuple[int, ...]
     traffic_bytes: dict[str, float] = field(default_factory=dict)  # sent, by category, per rank
+    link_bytes: dict[str, float] = field(default_factory=dict)  # by link class, whole cluster
 
 
 class Engine:
@@ -73,7 +74,7 @@ class Engine:
         self.pending: dict[tuple[object, ...], _Rendezvous] = {}
         self.arrivals: dict[tuple[int, str], simpy.Event] = {}
         self.calls: dict[tuple[int, Group, Stream], itertools.count[int]] = {}
-        self.traffic: dict[str, float] = {}
+        self.traffic = Traffic(comms, self.simulated)
         self.coord = {
             grid.rank(d, p, t): (d, p, t)
             for d, p, t in itertools.product(range(grid.dp), range(grid.pp), range(grid.tp))
@@ -81,10 +82,6 @@ class Engine:
         self._replicas: dict[tuple[int, Group], list[tuple[int, ...]]] = {}
         self._groups: dict[tuple[int, Group], tuple[int, ...]] = {}
         self._interned: dict[tuple[int, ...], tuple[int, ...]] = {}
-        self._parts_traffic: dict[
-            tuple[int, int], tuple[tuple[Part, ...], dict[Category, float]]
-        ] = {}
-        self._sent: dict[tuple[CollectiveCall, int | None], float] = {}
         self._contending: dict[tuple[int, CollectiveOp], list[tuple[int, ...]]] = {}
         self.programs = programs
         self._sends: dict[tuple[int, int], list[tuple[int, int]]] = {}
@@ -121,6 +118,11 @@ class Engine:
         if group is Group.EMBEDDING:
             return (g.rank(dp_i, 0, tp_i), g.rank(dp_i, g.pp - 1, tp_i))
         return tuple(g.rank(dp_i, p, tp_i) for p in range(g.pp))
+
+    def copies(self, rank: int, group: Group) -> int:
+        """How many groups one call of `rank`'s stands for: its own and, in symmetric mode, the
+        same call in the groups of the ranks not simulated."""
+        return 1 + len(self.replicas(rank, group))
 
     def replicas(self, rank: int, group: Group) -> list[tuple[int, ...]]:
         """The same collective in the groups of the ranks not simulated (symmetric mode)."""
@@ -173,8 +175,9 @@ class Engine:
         unfinished = [k for k, e in self.done.items() if not e.triggered]
         if unfinished:
             raise RuntimeError(f"deadlock: {len(unfinished)} tasks never ran, e.g. {unfinished[0]}")
-        per_rank = {k: v / len(self.ranks) for k, v in self.traffic.items()}
-        return EngineResult(self.spans, self.env.now, self.ranks, per_rank)
+        per_rank = {k: v / len(self.ranks) for k, v in self.traffic.sent.items()}
+        links = self.traffic.by_link_class()
+        return EngineResult(self.spans, self.env.now, self.ranks, per_rank, links)
 
     def stream(self, rank: int, tasks: list[Task]) -> Generator[simpy.Event, None, None]:
         """One stream of one rank: its tasks in issue order, each after its dependencies."""
@@ -202,8 +205,7 @@ class Engine:
 
     def record_parts(self, rank: int, task: Task, start: float) -> None:
         """A fused task: one span per part; its collectives' traffic is booked here."""
-        for category, nbytes in self.parts_traffic(rank, task.parts).items():
-            self.traffic[category] = self.traffic.get(category, 0.0) + nbytes
+        self.traffic.book_pass(rank, task.parts, self.pass_calls)
         for part in task.parts:
             begin = start + part.start_s
             self.spans.append(
@@ -218,20 +220,16 @@ class Engine:
                 )
             )
 
-    def parts_traffic(self, rank: int, parts: tuple[Part, ...]) -> dict[Category, float]:
-        """Bytes `rank` sends by category in a fused pass; the builder shares one parts tuple
-        among the micro-batches of a pass, so this is worked out once per pass and rank."""
-        key = (rank, id(parts))
-        if key not in self._parts_traffic:
-            sent: dict[Category, float] = {}
-            for part in parts:
-                if part.comm is not None:
-                    members = self.group_of(rank, part.comm.group)
-                    op, nbytes, root = part.comm.op, part.comm.nbytes, part.comm.root
-                    call = self.call(op, nbytes, members, root)
-                    sent[part.category] = sent.get(part.category, 0.0) + self.sent_bytes(call, rank)
-            self._parts_traffic[key] = (parts, sent)  # holding `parts` keeps its id unique
-        return self._parts_traffic[key][1]
+    def pass_calls(self, rank: int, parts: tuple[Part, ...]) -> list[tuple[CollectiveCall, int]]:
+        """The collectives of a fused pass's parts, each with the groups it stands for."""
+        return [
+            (
+                self.call(p.comm.op, p.comm.nbytes, self.group_of(rank, p.comm.group)),
+                self.copies(rank, p.comm.group),
+            )
+            for p in parts
+            if p.comm is not None
+        ]
 
     def record(self, rank: int, task: Task, start: float) -> None:
         nbytes = task.comm.nbytes if task.comm else 0.0
@@ -291,30 +289,13 @@ class Engine:
         self, task: Task, comm: Comm, members: tuple[int, ...], done: simpy.Event
     ) -> Generator[simpy.Event, None, None]:
         call = self.call(comm.op, comm.nbytes, members, comm.root)
-        self.book(call, task.category)
+        self.traffic.book(call, task.category, copies=self.copies(members[0], comm.group))
         replicas = [
             self.call(comm.op, comm.nbytes, group, comm.root)
             for group in self.contending_replicas(members, comm)
         ]
         yield self.comms.run(call, replicas)
         done.succeed()
-
-    def book(self, call: CollectiveCall, category: Category, sender: int | None = None) -> None:
-        """Count the bytes the simulated ranks among the call's members (or `sender` alone)
-        put on the network."""
-        sent = self.sent_bytes(call, sender)
-        self.traffic[category] = self.traffic.get(category, 0.0) + sent
-
-    def sent_bytes(self, call: CollectiveCall, sender: int | None = None) -> float:
-        key = (call, sender)
-        if key not in self._sent:
-            senders = call.group if sender is None else (sender,)
-            simulated = np.asarray(sorted(set(senders) & self.simulated), dtype=np.int64)
-            self._sent[key] = sum(
-                phase.nbytes * phase.repeat * int(np.isin(phase.src, simulated).sum())
-                for phase in self.comms.plan(call).phases
-            )
-        return self._sent[key]
 
     def send_replicas(self, rank: int, offset: int) -> list[tuple[int, int]]:
         """The other (dp, tp) replicas' sends of the same activation, where they share links."""
@@ -342,7 +323,8 @@ class Engine:
         assert comm is not None
         dst = self.peer(rank, comm.peer)
         call = CollectiveCall(CollectiveOp.SEND_RECV, comm.nbytes, (rank, dst))
-        self.book(call, task.category, rank)
+        copies = 1 if self.full else self.grid.dp * self.grid.tp
+        self.traffic.book(call, task.category, rank, copies)
         replicas = [
             CollectiveCall(CollectiveOp.SEND_RECV, comm.nbytes, pair)
             for pair in self.send_replicas(rank, comm.peer)
