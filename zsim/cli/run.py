@@ -175,7 +175,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     report = simulate(model, cfg, topology, device, full=args.full, stragglers=stragglers)
     summary = render.run_report(model, cfg, topology.name, device, report)
     if args.trace:
-        _write(args.trace, json.dumps(chrome_trace(report.engine.spans)))
+        _write(args.trace, json.dumps(chrome_trace(report.engine.spans, report.engine.passes)))
     if args.plot:
         from zsim.outputs.timeline import timeline
 

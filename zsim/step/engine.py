@@ -36,6 +36,20 @@ class Span(NamedTuple):
     nbytes: float = 0.0
 
 
+class FusedPass(NamedTuple):
+    """A pass run as one task (`kernels.fused_pass`): its parts are the `parts` spans from
+    `first_span` on; `template` is the same for every micro-batch's pass of one chunk."""
+
+    rank: int
+    name: str
+    category: str
+    start_s: float
+    end_s: float
+    first_span: int
+    parts: int
+    template: int
+
+
 @dataclass
 class _Rendezvous:
     arrived: int = 0
@@ -49,6 +63,7 @@ class EngineResult:
     simulated_ranks: tuple[int, ...]
     traffic_bytes: dict[str, float] = field(default_factory=dict)  # sent, by category, per rank
     link_bytes: dict[str, float] = field(default_factory=dict)  # by link class, whole cluster
+    passes: list[FusedPass] = field(default_factory=list)  # fused passes (their parts are spans)
 
 
 class Engine:
@@ -68,6 +83,7 @@ class Engine:
         self.v = virtual_stages
         self.full = full
         self.spans: list[Span] = []
+        self.passes: list[FusedPass] = []
         self.ranks = self._simulated_ranks()
         self.simulated = set(self.ranks)
         self.done: dict[tuple[int, int], simpy.Event] = {}
@@ -177,7 +193,7 @@ class Engine:
             raise RuntimeError(f"deadlock: {len(unfinished)} tasks never ran, e.g. {unfinished[0]}")
         per_rank = {k: v / len(self.ranks) for k, v in self.traffic.sent.items()}
         links = self.traffic.by_link_class()
-        return EngineResult(self.spans, self.env.now, self.ranks, per_rank, links)
+        return EngineResult(self.spans, self.env.now, self.ranks, per_rank, links, self.passes)
 
     def stream(self, rank: int, tasks: list[Task]) -> Generator[simpy.Event, None, None]:
         """One stream of one rank: its tasks in issue order, each after its dependencies."""
@@ -206,6 +222,7 @@ class Engine:
     def record_parts(self, rank: int, task: Task, start: float) -> None:
         """A fused task: one span per part; its collectives' traffic is booked here."""
         self.traffic.book_pass(rank, task.parts, self.pass_calls)
+        first = len(self.spans)
         for part in task.parts:
             begin = start + part.start_s
             self.spans.append(
@@ -219,6 +236,11 @@ class Engine:
                     part.comm.nbytes if part.comm is not None else 0.0,
                 )
             )
+        end = start + task.duration_s
+        count, template = len(self.spans) - first, id(task.parts)
+        self.passes.append(
+            FusedPass(rank, task.name, str(task.category), start, end, first, count, template)
+        )
 
     def pass_calls(self, rank: int, parts: tuple[Part, ...]) -> list[tuple[CollectiveCall, int]]:
         """The collectives of a fused pass's parts, each with the groups it stands for."""

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from zsim.step.engine import Span
+from zsim.step.engine import FusedPass, Span
 from zsim.step.program import Category, Stream
 
 COMPUTE_CATEGORIES = {Category.FORWARD, Category.BACKWARD, Category.RECOMPUTE, Category.OPTIMIZER}
@@ -85,8 +85,14 @@ def rank_times(spans: Sequence[Span], rank: int, step_s: float) -> RankTimes:
     )
 
 
-def chrome_trace(spans: Sequence[Span]) -> dict[str, Any]:
-    """Chrome trace-event JSON (opens in Perfetto): a process per rank, a thread per stream."""
+def chrome_trace(spans: Sequence[Span], passes: Sequence[FusedPass] = ()) -> dict[str, Any]:
+    """Chrome trace-event JSON (opens in Perfetto): a process per rank, a thread per stream.
+
+    Every task is an event, except inside fused passes (`FusedPass`, a pass of fixed-time work
+    run as one task): each pass is one event, and only the first pass of each kind on each rank
+    (the same chunk, forward or backward) also shows its kernels and tensor-parallel
+    collectives, nested inside it; the others repeat it exactly, so their parts are left out
+    (the pass event's args count them)."""
     streams = list(Stream)
     events: list[dict[str, Any]] = []
     for rank in sorted({s.rank for s in spans}):
@@ -103,20 +109,43 @@ def chrome_trace(spans: Sequence[Span]) -> dict[str, Any]:
                     "args": {"name": str(stream)},
                 }
             )
-    for s in spans:
+    hidden = _repeated_parts(passes)
+    compute = streams.index(Stream.COMPUTE)
+    for p in passes:
+        detail = {"category": p.category, "parts": p.parts}
+        events.append(_event(p.name, p.category, p.rank, compute, p.start_s, p.end_s, detail))
+    for i, s in enumerate(spans):
+        if i in hidden:
+            continue
         args: dict[str, Any] = {"category": s.category}
         if s.nbytes:
             args["bytes"] = s.nbytes
-        events.append(
-            {
-                "name": s.name,
-                "cat": s.category,
-                "ph": "X",
-                "pid": s.rank,
-                "tid": streams.index(s.stream),
-                "ts": s.start_s * 1e6,
-                "dur": (s.end_s - s.start_s) * 1e6,
-                "args": args,
-            }
-        )
+        tid = streams.index(s.stream)
+        events.append(_event(s.name, s.category, s.rank, tid, s.start_s, s.end_s, args))
     return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def _event(
+    name: str, cat: str, pid: int, tid: int, start: float, end: float, args: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "cat": cat,
+        "ph": "X",
+        "pid": pid,
+        "tid": tid,
+        "ts": start * 1e6,
+        "dur": (end - start) * 1e6,
+        "args": args,
+    }
+
+
+def _repeated_parts(passes: Sequence[FusedPass]) -> set[int]:
+    """Span indices of the parts of every fused pass after the first of its kind per rank."""
+    seen: set[tuple[int, int]] = set()
+    hidden: set[int] = set()
+    for p in passes:
+        if (p.rank, p.template) in seen:
+            hidden.update(range(p.first_span, p.first_span + p.parts))
+        seen.add((p.rank, p.template))
+    return hidden
