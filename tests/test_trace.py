@@ -39,7 +39,7 @@ def test_a_pipeline_trace_shows_every_pass_and_the_kernels_of_the_first_of_each_
     events = chrome_trace(report.engine.spans, report.engine.passes)["traceEvents"]
     passes = [e for e in events if "parts" in e.get("args", {})]
     assert len(passes) == 2 * 16
-    simulated_tp = [s for s in report.engine.spans if s.category == "tp_comm"]
+    simulated_tp = [s for s in report.engine.all_spans() if s.category == "tp_comm"]
     traced_tp = [e for e in events if e.get("cat") == "tp_comm"]
     assert len(simulated_tp) > 0
     assert len(traced_tp) * 8 == len(simulated_tp)

@@ -17,7 +17,8 @@ from zsim.errors import require
 from zsim.memory import MemoryLedger, peak_ledger
 from zsim.network.communicator import Communicator
 from zsim.step.builder import build_program
-from zsim.step.engine import Engine, EngineResult, Span, tp_fixed_time
+from zsim.step.engine import Engine, tp_fixed_time
+from zsim.step.spans import EngineResult, FusedPass, Span
 from zsim.step.trace import RankTimes, rank_times
 from zsim.workload.model import ModelSpec
 from zsim.workload.parallel import ParallelConfig, Recompute
@@ -120,8 +121,11 @@ def simulate(
     by_rank: dict[int, list[Span]] = {}
     for span in result.spans:
         by_rank.setdefault(span.rank, []).append(span)
+    passes: dict[int, list[FusedPass]] = {}
+    for fused in result.passes:
+        passes.setdefault(fused.rank, []).append(fused)
     stages = tuple(
-        rank_times(by_rank.get(rank, []), rank, step)
+        rank_times(by_rank.get(rank, []), passes.get(rank, []), rank, step)
         for rank in (grid.rank(0, s, 0) for s in range(parallel.pp))
     )
     flops, hw_flops = step_flops(model, parallel)

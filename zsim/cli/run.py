@@ -183,7 +183,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"{model.name} on {topology.name}: ZeRO-{int(cfg.zero_stage)}, "
             f"dp={cfg.dp} tp={cfg.tp} pp={cfg.pp}"
         )
-        fig = timeline(report.engine.spans, title)
+        fig = timeline(report.engine.spans, title, passes=report.engine.passes)
         _write(args.plot, fig)
     if args.json:
         print(json.dumps(summary, indent=2))

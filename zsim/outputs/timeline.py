@@ -11,8 +11,8 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from zsim.step.engine import Span
 from zsim.step.program import Category, Stream
+from zsim.step.spans import FusedPass, Span
 
 COLORS = {
     Category.FORWARD: "#4C72B0",
@@ -27,8 +27,15 @@ COLORS = {
 }
 
 
-def timeline(spans: Sequence[Span], title: str, max_ranks: int = 4) -> Figure:
-    """One lane per (rank, stream) with a bar per task, coloured by category."""
+def timeline(
+    spans: Sequence[Span], title: str, max_ranks: int = 4, passes: Sequence[FusedPass] = ()
+) -> Figure:
+    """One lane per (rank, stream) with a bar per task, coloured by category; a fused pass is
+    one bar (its kernels and TP collectives are too short to see at a step's scale)."""
+    spans = [
+        *spans,
+        *(Span(p.rank, p.stream, p.name, p.category, p.start_s, p.end_s) for p in passes),
+    ]
     ranks = sorted({s.rank for s in spans})[:max_ranks]
     lanes = [
         (r, st)

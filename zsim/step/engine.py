@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import simpy
 
@@ -21,49 +20,14 @@ from zsim.cluster.grid import GroupKind, RankGrid
 from zsim.network.collective import CollectiveCall, CollectiveOp
 from zsim.network.communicator import Communicator
 from zsim.step.program import Comm, Group, Part, Program, Stream, Task
+from zsim.step.spans import EngineResult, FusedPass, Span
 from zsim.step.traffic import Traffic
-
-
-class Span(NamedTuple):
-    """One task's execution on one rank."""
-
-    rank: int
-    stream: Stream
-    name: str
-    category: str
-    start_s: float
-    end_s: float
-    nbytes: float = 0.0
-
-
-class FusedPass(NamedTuple):
-    """A pass run as one task (`kernels.fused_pass`): its parts are the `parts` spans from
-    `first_span` on; `template` is the same for every micro-batch's pass of one chunk."""
-
-    rank: int
-    name: str
-    category: str
-    start_s: float
-    end_s: float
-    first_span: int
-    parts: int
-    template: int
 
 
 @dataclass
 class _Rendezvous:
     arrived: int = 0
     done: simpy.Event | None = None
-
-
-@dataclass
-class EngineResult:
-    spans: list[Span]
-    end_s: float
-    simulated_ranks: tuple[int, ...]
-    traffic_bytes: dict[str, float] = field(default_factory=dict)  # sent, by category, per rank
-    link_bytes: dict[str, float] = field(default_factory=dict)  # by link class, whole cluster
-    passes: list[FusedPass] = field(default_factory=list)  # fused passes (their parts are spans)
 
 
 class Engine:
@@ -220,26 +184,19 @@ class Engine:
         return self.slowdown.get(rank, 1.0)
 
     def record_parts(self, rank: int, task: Task, start: float) -> None:
-        """A fused task: one span per part; its collectives' traffic is booked here."""
+        """A fused task: its template of parts, shifted to its start; its collectives'
+        traffic is booked here."""
         self.traffic.book_pass(rank, task.parts, self.pass_calls)
-        first = len(self.spans)
-        for part in task.parts:
-            begin = start + part.start_s
-            self.spans.append(
-                Span(
-                    rank,
-                    task.stream,
-                    part.name,
-                    str(part.category),
-                    begin,
-                    begin + part.duration_s,
-                    part.comm.nbytes if part.comm is not None else 0.0,
-                )
-            )
-        end = start + task.duration_s
-        count, template = len(self.spans) - first, id(task.parts)
         self.passes.append(
-            FusedPass(rank, task.name, str(task.category), start, end, first, count, template)
+            FusedPass(
+                rank,
+                task.name,
+                str(task.category),
+                task.stream,
+                start,
+                start + task.duration_s,
+                task.parts,
+            )
         )
 
     def pass_calls(self, rank: int, parts: tuple[Part, ...]) -> list[tuple[CollectiveCall, int]]:
