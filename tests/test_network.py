@@ -111,3 +111,26 @@ def test_repeat_coalesces_identical_steps():
     env.run(net.start([Flow(0, 1, 1e6), Flow(1, 2, 1e6)], repeat=5))
     assert env.now == pytest.approx(5 * (2e-6 + 1e6 / B))
     assert net.sent_bytes[0] == pytest.approx(5e6)
+
+
+@pytest.mark.parametrize(
+    "name", ["2x8-dgx-h100", "4x8-roce", "2x4-ethernet", "2x2-cpu", "tests/data/rails-4x4.yaml"]
+)
+def test_two_gpu_calls_draw_on_the_links_their_planned_flows_cross(name):
+    # links_of answers two-GPU calls without planning them; the planned flows are the truth
+    from zsim.network.collective import CollectiveCall, CollectiveOp
+    from zsim.network.communicator import Communicator
+
+    topo = presets.topology(name)
+    comms = Communicator(simpy.Environment(), topo)
+    n = topo.world_size
+    for pair in [(0, 1), (1, 0), (0, n - 1), (n - 1, n // 2)]:
+        for op in CollectiveOp:
+            for root in (0, 1) if op in (CollectiveOp.BROADCAST, CollectiveOp.REDUCE) else (0,):
+                call = CollectiveCall(op, 1e6, pair, root=root)
+                phases = [p for p in comms.plan(call).phases if p.nbytes > 0]
+                src = np.concatenate([p.src for p in phases])
+                dst = np.concatenate([p.dst for p in phases])
+                routes = topo.routes_of(src, dst)
+                planned = set(np.unique(topo.resource[routes.pair_link]).tolist())
+                assert comms.links_of(call) == planned, (name, pair, op, root)

@@ -17,7 +17,8 @@ from zsim.errors import require
 from zsim.memory import MemoryLedger, peak_ledger
 from zsim.network.communicator import Communicator
 from zsim.step.builder import build_program
-from zsim.step.engine import Engine, tp_fixed_time
+from zsim.step.engine import Engine
+from zsim.step.fixed_tp import tp_fixed_time
 from zsim.step.spans import EngineResult, FusedPass, Span
 from zsim.step.trace import RankTimes, rank_times
 from zsim.workload.model import ModelSpec

@@ -14,6 +14,7 @@ import numpy as np
 import simpy
 
 from zsim.cluster.build import CLASSES, FloatArray
+from zsim.cluster.fabric import Backend
 from zsim.cluster.topology import Topology
 from zsim.network.collective import Algorithm, CollectiveCall, CollectiveOp, Phase, Plan
 from zsim.network.flows import FlowGroup, FlowNetwork
@@ -157,9 +158,13 @@ class Communicator:
     def links_of(self, call: CollectiveCall) -> frozenset[int]:
         """The link capacities `call`'s flows draw on (directed links; a half-duplex pair's
         two directions are one)."""
-        if call not in self._links and call.op is CollectiveOp.SEND_RECV:
-            route = self.topology.route(*call.group)
-            self._links[call] = frozenset(self.topology.resource[route.links].tolist())
+        nccl = self.topology.fabric.backend is Backend.NCCL
+        if (
+            call not in self._links
+            and len(call.group) == 2
+            and (nccl or call.op is CollectiveOp.SEND_RECV)
+        ):
+            self._links[call] = self._pair_links(call)
         if call not in self._links:
             phases = self.plan(call).phases
             src = np.concatenate([p.src for p in phases]) if phases else np.zeros(0, np.int64)
@@ -169,6 +174,21 @@ class Communicator:
                 np.unique(self.topology.resource[routes.pair_link]).tolist()
             )
         return self._links[call]
+
+    def _pair_links(self, call: CollectiveCall) -> frozenset[int]:
+        """An NCCL call between two GPUs moves data between them whatever its algorithm: from
+        the root (broadcast) or to it (reduce), from the first to the second (send_recv), both
+        ways otherwise (its plan's flows, without planning it; gloo's reduce differs)."""
+        first, second = call.group
+        root, other = (first, second) if call.root == 0 else (second, first)
+        one_way = {
+            CollectiveOp.SEND_RECV: [(first, second)],
+            CollectiveOp.BROADCAST: [(root, other)],
+            CollectiveOp.REDUCE: [(other, root)],
+        }
+        pairs = one_way.get(call.op, [(first, second), (second, first)])
+        links = [self.topology.route(src, dst).links for src, dst in pairs]
+        return frozenset(self.topology.resource[np.concatenate(links)].tolist())
 
     def sharing_pairs(
         self, pair: tuple[int, int], others: Sequence[tuple[int, int]]

@@ -11,7 +11,7 @@ when all members have reached them.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 
 import simpy
@@ -316,29 +316,3 @@ class Engine:
 
 def _trigger(event: simpy.Event) -> None:
     event.succeed()
-
-
-def tp_fixed_time(grid: RankGrid, comms: Communicator) -> Callable[[Comm], float] | None:
-    """Closed-form times for tensor-parallel collectives, when TP groups use links that no
-    other TP group and no DP/PP traffic uses (then the closed form equals their flow
-    simulation on an uncontended ring); None when they contend."""
-    if grid.tp == 1:
-        return None
-    op = CollectiveOp.ALL_REDUCE
-    tp_groups = grid.groups(GroupKind.TP)
-    seen: set[int] = set()
-    for group in tp_groups:
-        links = comms.links_of(CollectiveCall(op, 1.0, group))
-        if not seen.isdisjoint(links):
-            return None
-        seen |= links
-    others = [
-        grp for kind in (GroupKind.DP, GroupKind.PP) for grp in grid.groups(kind) if len(grp) > 1
-    ]
-    if any(not seen.isdisjoint(comms.links_of(CollectiveCall(op, 1.0, grp))) for grp in others):
-        return None
-
-    def seconds(comm: Comm) -> float:
-        return comms.plan(CollectiveCall(comm.op, comm.nbytes, tp_groups[0])).closed_form_s
-
-    return seconds

@@ -1,0 +1,56 @@
+"""When tensor-parallel collectives take a fixed time: their groups' links carry nothing else.
+
+Then a TP collective's closed form equals its flow simulation on an uncontended ring, and the
+builder can time whole passes ahead (`kernels.fused_pass`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from zsim.cluster.grid import GroupKind, RankGrid
+from zsim.network.collective import CollectiveCall, CollectiveOp
+from zsim.network.communicator import Communicator
+from zsim.step.program import Comm
+
+
+def tp_fixed_time(grid: RankGrid, comms: Communicator) -> Callable[[Comm], float] | None:
+    """Closed-form times for tensor-parallel collectives, when TP groups use links that no
+    other TP group, no data-parallel collective and no pipeline send uses; None when they
+    contend."""
+    if grid.tp == 1:
+        return None
+    op = CollectiveOp.ALL_REDUCE
+    tp_groups = grid.groups(GroupKind.TP)
+    seen: set[int] = set()
+    for group in tp_groups:
+        links = comms.links_of(CollectiveCall(op, 1.0, group))
+        if not seen.isdisjoint(links):
+            return None
+        seen |= links
+    dp_groups = [grp for grp in grid.groups(GroupKind.DP) if len(grp) > 1]
+    if any(not seen.isdisjoint(comms.links_of(CollectiveCall(op, 1.0, g))) for g in dp_groups):
+        return None
+    if not seen.isdisjoint(_pipeline_links(grid, comms)):
+        return None
+
+    def seconds(comm: Comm) -> float:
+        return comms.plan(CollectiveCall(comm.op, comm.nbytes, tp_groups[0])).closed_form_s
+
+    return seconds
+
+
+def _pipeline_links(grid: RankGrid, comms: Communicator) -> set[int]:
+    """The links of every pipeline send (each stage to the next and back, the last to the
+    first for interleaved schedules) and of the embedding all-reduce between the first and
+    last stages (its flows join the same two GPUs): one batch of routes."""
+    if grid.pp == 1:
+        return set()
+    stages = np.array(grid.groups(GroupKind.PP), dtype=np.int64)  # one row per (dp, tp)
+    ahead = np.roll(stages, -1, axis=1)
+    src = np.concatenate([stages.ravel(), ahead.ravel()])
+    dst = np.concatenate([ahead.ravel(), stages.ravel()])
+    routes = comms.topology.routes_of(src, dst)
+    return set(np.unique(comms.topology.resource[routes.pair_link]).tolist())
