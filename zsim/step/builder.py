@@ -54,7 +54,7 @@ class _Passes:
         order = layers if work.forward else tuple(reversed(layers))
         done = deps
         if self.kernels.can_fuse and not hooks and not zero3:
-            done = [self.kernels.fused_pass(writer, order, work.forward, done, tag)]
+            done = [self.kernels.fused_pass(writer, work.chunk, order, work.forward, done, tag)]
         else:
             for layer in order:
                 gather = partial(self.gathers.use, layer, tag=f"{tag}.{layer.name}")

@@ -40,7 +40,7 @@ class LayerKernels:
         self.tp_time = tp_time  # fixed TP collective times: whole passes become one task
         self._seconds: dict[tuple[ComputeOp, ...], float] = {}
         self._templates: dict[tuple[Layer, bool], tuple[tuple[Part, ...], float]] = {}
-        self._fused: dict[tuple[tuple[Layer, ...], bool], tuple[tuple[Part, ...], float]] = {}
+        self._fused: dict[tuple[int, bool], tuple[tuple[Part, ...], float]] = {}
 
     @property
     def can_fuse(self) -> bool:
@@ -148,14 +148,16 @@ class LayerKernels:
     def fused_pass(
         self,
         writer: ProgramWriter,
+        chunk: int,
         layers: Sequence[Layer],
         forward: bool,
         deps: list[Task],
         tag: str,
     ) -> Task:
-        """A whole forward or backward of a chunk as one task, when every collective inside
-        it takes a fixed time (TP on its own links): the same timing, far fewer events."""
-        key = (tuple(layers), forward)
+        """A whole forward or backward of a chunk (its `layers` in running order) as one task,
+        when every collective inside it takes a fixed time (TP on its own links): the same
+        timing, far fewer events."""
+        key = (chunk, forward)
         if key not in self._fused:  # the same for every micro-batch
             parts: list[Part] = []
             offset = 0.0

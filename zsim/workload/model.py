@@ -10,6 +10,7 @@ from tensor shapes, so the tests can check them against published formulas (Nara
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from enum import StrEnum
@@ -130,7 +131,10 @@ class ModelSpec:
     # ---- parameters -------------------------------------------------------------------------
 
     def layer_list(self) -> tuple[Layer, ...]:
-        """The modules in forward order."""
+        """The modules in forward order (built once per model)."""
+        return _layers_of(self)
+
+    def _build_layers(self) -> tuple[Layer, ...]:
         if self.kind is ModelKind.PARAMS_ONLY:
             return (
                 Layer("params", LayerKind.LINEAR, (ParamTensor("w", self.params_override, True),)),
@@ -188,6 +192,11 @@ class ModelSpec:
         if not self.tied_embeddings:
             tensors.append(ParamTensor("lm_head.weight", self.vocab * self.hidden, True))
         return Layer("head", LayerKind.HEAD, tuple(tensors))
+
+
+@functools.lru_cache(maxsize=64)  # a sweep asks for the same few models' layers many times
+def _layers_of(model: ModelSpec) -> tuple[Layer, ...]:
+    return model._build_layers()
 
 
 def modules_of(module: str) -> tuple[str, ...]:
