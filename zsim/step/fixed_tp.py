@@ -24,12 +24,9 @@ def tp_fixed_time(grid: RankGrid, comms: Communicator) -> Callable[[Comm], float
         return None
     op = CollectiveOp.ALL_REDUCE
     tp_groups = grid.groups(GroupKind.TP)
-    seen: set[int] = set()
-    for group in tp_groups:
-        links = comms.links_of(CollectiveCall(op, 1.0, group))
-        if not seen.isdisjoint(links):
-            return None
-        seen |= links
+    seen = _tp_links(tp_groups, comms)
+    if seen is None:
+        return None
     dp_groups = [grp for grp in grid.groups(GroupKind.DP) if len(grp) > 1]
     if any(not seen.isdisjoint(comms.links_of(CollectiveCall(op, 1.0, g))) for g in dp_groups):
         return None
@@ -40,6 +37,24 @@ def tp_fixed_time(grid: RankGrid, comms: Communicator) -> Callable[[Comm], float
         return comms.plan(CollectiveCall(comm.op, comm.nbytes, tp_groups[0])).closed_form_s
 
     return seconds
+
+
+def _tp_links(groups: tuple[tuple[int, ...], ...], comms: Communicator) -> set[int] | None:
+    """The links the TP groups' flows can cross, None when a link is reachable from two
+    groups. Every ordered pair of members is taken (one batch of routes, no planning): a
+    superset of any algorithm's flows, so disjoint here means disjoint rings."""
+    members = np.array(groups, dtype=np.int64)  # (groups, tp)
+    size = members.shape[1]
+    off_diagonal = ~np.eye(size, dtype=bool)
+    src = np.repeat(members, size, axis=1).reshape(-1, size, size)[:, off_diagonal]
+    dst = np.tile(members, size).reshape(-1, size, size)[:, off_diagonal]
+    owner = np.repeat(np.arange(len(members)), off_diagonal.sum())
+    routes = comms.topology.routes_of(src.ravel(), dst.ravel())
+    links = comms.topology.resource[routes.pair_link]
+    owned = np.unique(np.stack([links, owner[routes.pair_flow]]), axis=1)
+    if len(np.unique(owned[0])) < owned.shape[1]:
+        return None  # some link serves two TP groups: they contend
+    return set(owned[0].tolist())
 
 
 def _pipeline_links(grid: RankGrid, comms: Communicator) -> set[int]:
