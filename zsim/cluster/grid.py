@@ -7,6 +7,7 @@ agree when pp = 1. Rank r runs on GPU r.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import StrEnum
@@ -57,6 +58,9 @@ class RankGrid:
     def groups(self, kind: GroupKind) -> tuple[tuple[int, ...], ...]:
         """Every group of one kind as rank tuples (members in group-rank order), ordered by
         their first rank."""
+        return _groups_of(self, kind)
+
+    def _build_groups(self, kind: GroupKind) -> tuple[tuple[int, ...], ...]:
         if kind is GroupKind.WORLD:
             return (tuple(range(self.world_size)),)
         groups = (tuple(self._members(kind, a, b)) for a, b in self._others(kind))
@@ -86,3 +90,8 @@ def process_groups(topo: Topology, grid: RankGrid, kind: GroupKind) -> tuple[tup
             f"at most {topo.world_size} GPUs (the size of {topo.name})",
         )
     return grid.groups(kind)
+
+
+@functools.lru_cache(maxsize=32)  # 100,000 GPUs: 12,500 TP groups, asked for by every stage
+def _groups_of(grid: RankGrid, kind: GroupKind) -> tuple[tuple[int, ...], ...]:
+    return grid._build_groups(kind)

@@ -70,22 +70,21 @@ def nccl_rings(topo: Topology, group: Sequence[int]) -> IntArray:
 
 
 def _rings(topo: Topology, group: Sequence[int]) -> IntArray:
-    members = by_node(topo, group)
-    if len(members) == 1:
-        return members[0][None, :]
-    channels = min(len(node) for node in members)
-    c = np.arange(channels)[:, None]
-    if all(len(node) == len(members[0]) for node in members):
-        grid = np.stack(members)  # nodes x members
-        g = grid.shape[1]
-        position = np.arange(len(members))
+    grid = regular_nodes(topo, group)  # nodes x members
+    if grid is not None and len(grid) == 1:
+        return grid
+    if grid is not None:
+        channels = g = grid.shape[1]
+        c = np.arange(channels)[:, None]
+        position = np.arange(len(grid))
         step = np.where(position % 2 == 0, 1, -1)
         first = np.where(step == 1, c, c - 1)  # channels x nodes
         index = (first[:, :, None] + step[None, :, None] * np.arange(g)) % g
         rings: IntArray = grid[position[None, :, None], index].reshape(channels, -1)
         return rings
+    members = by_node(topo, group)
     irregular = []
-    for channel in range(channels):
+    for channel in range(min(len(node) for node in members)):
         ring: list[int] = []
         for p, node in enumerate(members):
             step_p = 1 if p % 2 == 0 else -1
@@ -175,10 +174,12 @@ def dtree_parents(nranks: int) -> tuple[list[int], list[int]]:
 
 def regular_nodes(topo: Topology, group: Sequence[int]) -> IntArray | None:
     """The group's members as nodes x members, or None when nodes hold different numbers."""
-    members = by_node(topo, group)
-    if any(len(node) != len(members[0]) for node in members):
+    gpus = np.asarray(group, dtype=np.int64)
+    node, local = np.divmod(gpus, topo.gpus_per_node)
+    counts = np.unique(node, return_counts=True)[1]
+    if (counts != counts[0]).any():
         return None
-    return np.stack(members)
+    return gpus[np.lexsort((local, node))].reshape(len(counts), counts[0])  # as by_node
 
 
 def tree_channels(topo: Topology, group: Sequence[int]) -> list[tuple[IntArray, IntArray]]:
