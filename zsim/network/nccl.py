@@ -20,13 +20,14 @@ a tree pays its pipeline fill once.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
 
 from zsim.cluster.build import IntArray
 from zsim.cluster.topology import Topology
-from zsim.errors import require
+from zsim.errors import InputError
 from zsim.network.collective import (
     Algorithm,
     CollectiveCall,
@@ -157,6 +158,7 @@ def btree_parent(nranks: int, rank: int) -> int:
     return up if up < nranks else rank ^ bit
 
 
+@functools.lru_cache(maxsize=256)  # the same node counts come back for every group
 def dtree_parents(nranks: int) -> tuple[list[int], list[int]]:
     """Both trees of NCCL's double binary tree (ncclGetDtree): tree 1 mirrors tree 0 when
     `nranks` is even (then no rank is interior in both) and shifts it by one rank when odd."""
@@ -186,13 +188,9 @@ def tree_channels(topo: Topology, group: Sequence[int]) -> list[tuple[IntArray, 
     """(chains: one row per node, parent of each node) for every channel x tree. Channel c's
     chain in a node starts at member c, the node's head, which talks to the other nodes."""
     grid = regular_nodes(topo, group)
-    require(
-        grid is not None,
-        "group",
-        [len(node) for node in by_node(topo, group)],
-        "the same number of members on every node (NCCL tree)",
-    )
-    assert grid is not None
+    if grid is None:
+        members = [len(node) for node in by_node(topo, group)]
+        raise InputError("group", members, "the same number of members on every node (NCCL tree)")
     trees = [np.asarray(p, dtype=np.int64) for p in dtree_parents(grid.shape[0])]
     return [(np.roll(grid, -c, axis=1), p) for c in range(grid.shape[1]) for p in trees]
 
@@ -240,13 +238,10 @@ def nccl_tree(topo: Topology, call: CollectiveCall) -> Built:
 
 def hierarchical(topo: Topology, call: CollectiveCall) -> Built:
     grid = regular_nodes(topo, call.group)
-    require(
-        grid is not None,
-        "group",
-        [len(node) for node in by_node(topo, call.group)],
-        "the same number of members on every node (hierarchical algorithm)",
-    )
-    assert grid is not None
+    if grid is None:
+        members = [len(node) for node in by_node(topo, call.group)]
+        what = "the same number of members on every node (hierarchical algorithm)"
+        raise InputError("group", members, what)
     if grid.shape[0] == 1 or grid.shape[1] == 1:
         return nccl_ring(topo, call)
     stages = _stages(topo, call, grid)

@@ -102,6 +102,7 @@ class FlowSets:
         self._set_ids: dict[tuple[int, bytes], int] = {}
         self._rates: dict[tuple[int, ...], list[list[tuple[int, float]]]] = {}
         self._overlaps: dict[tuple[int, int], bool] = {}
+        self._distinct: dict[int, IntArray] = {}
         # every edge its own capacity (no half-duplex pair): a set's edges are its capacities
         resource = topology.resource
         self._own_capacity = bool((resource == np.arange(len(resource))).all())
@@ -131,14 +132,22 @@ class FlowSets:
         return found
 
     def _share_capacity(self, a: int, b: int) -> bool:
-        ra, rb = self._sets[a].pair_resource, self._sets[b].pair_resource
+        ra, rb = self._capacities(a), self._capacities(b)
         if len(ra) < len(rb):
             ra, rb = rb, ra
-        if len(rb) <= 64:
-            return bool(np.isin(rb, ra).any())
+        if len(rb) <= 64:  # a few lookups in the larger set's sorted capacities
+            at = np.minimum(np.searchsorted(ra, rb), len(ra) - 1)
+            return bool((ra[at] == rb).any())
         marked = np.zeros(self.topology.edge_count, dtype=bool)
         marked[ra] = True
         return bool(marked[rb].any())
+
+    def _capacities(self, flow_set: int) -> IntArray:
+        """The distinct capacities a flow set draws on, sorted (found once per set)."""
+        found = self._distinct.get(flow_set)
+        if found is None:
+            found = self._distinct[flow_set] = np.unique(self._sets[flow_set].pair_resource)
+        return found
 
     def rates(self, flow_sets: tuple[int, ...]) -> list[list[tuple[int, float]]]:
         """For each of these (active) flow sets, its parts of equal rate: (flow set, rate)."""
