@@ -1,57 +1,100 @@
-"""Simulator speed: wall-clock seconds to simulate one training step, and where they go.
+"""Simulator speed: wall-clock seconds and peak memory to simulate one training step.
 
     python benchmarks/bench_step_speed.py [--quick] [--no-write]
 
-(a) one step of gpt-175b on 128x8-dgx-a100 (tp 8, pp 16, dp 8, 1F1B, micro-batch 1, global
-    batch 1536 = 192 micro-batches, full recompute): wall seconds, best of a few runs, then
-    one more run under cProfile (top functions by own time and by cumulative time);
-(b) a fixed per-pipeline shape (gpt-175b, tp 8, pp 16, micro-batch 1, 32 micro-batches)
-    scaled by data parallelism, dp = 1 ... 128 on Nx8-dgx-a100 with N = 16 dp (128 to
-    16,384 GPUs): the simulated ranks stay 16, the GPUs and replica groups grow;
-(c) distinct ranks grow instead: gpt-175b, tp 8, dp 1, pp = 1 ... 96 (32 micro-batches).
+Two layouts of gpt-175b on Nx8-dgx-h100, GPUs from 8 to about 100,000:
+- 3D: tp 8, pp = min(16, GPUs / 8), dp the rest, 32 micro-batches of 1 (1F1B), full
+  recompute, ZeRO-1;
+- ZeRO-3: dp = GPUs, micro-batch 1, full recompute;
+then the cases of issue 13's table and a cluster beyond the limit (refused, exit 2).
 
-Every time is also given as a ratio to a reference operation timed in the same run (numpy
-sorting 2 million floats, as benchmarks/bench_network.py), because this machine is shared
-and its speed varies; compare ratios between runs, not seconds. Topology building is timed
-apart from the simulation. Writes the tables into benchmarks/results/step_speed.md between
-its table markers (the hand-written analysis around them is kept).
+Each case runs `zsim run ... --json` in a fresh process that reports the wall time of the run
+(topology, simulation, report; not the interpreter's start) and its peak resident memory.
+Before each case the parent times a fixed reference operation (numpy sorting 2 million
+floats, the reference of benchmarks/bench_network.py): this machine is shared and its speed
+varies, so compare `wall / reference` ratios between runs, not seconds. Writes the tables
+into benchmarks/results/step_speed.md (between its markers), the rows into step_speed.csv
+and the two curves into step_speed.png (log-log).
 """
 
 from __future__ import annotations
 
 import argparse
-import cProfile
+import contextlib
+import csv
 import io
-import pstats
+import json
+import resource
 import statistics
+import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from results_md import write_block
 
-from zsim.cluster.topology import Topology
-from zsim.inputs import presets
-from zsim.simulation import simulate
-from zsim.workload.model_presets import preset
-from zsim.workload.parallel import ParallelConfig
-
-MD_OUT = Path(__file__).resolve().parent / "results" / "step_speed.md"
-MODEL = preset("gpt-175b")
-DEVICE = presets.gpu("a100-80gb")
+RESULTS = Path(__file__).resolve().parent / "results"
+MD_OUT, CSV_OUT, PNG_OUT = (RESULTS / f"step_speed.{ext}" for ext in ("md", "csv", "png"))
+COMMON = ["--model", "gpt-175b", "--micro-batch", "1", "--recompute", "full"]
+LAYER_530B = ["--layers", "105", "--hidden", "20480", "--heads", "128"]
+LAYER_1T = ["--layers", "128", "--hidden", "25600", "--heads", "160"]
+MEGATRON = ["--pipeline-engine", "megatron"]
+TIMEOUT_S = 600
 
 
-def timed(action: Callable[[], object], repeats: int) -> tuple[float, Any]:
-    """(best wall-clock seconds of `repeats` runs, the last result)."""
-    best, result = float("inf"), None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = action()
-        best = min(best, time.perf_counter() - start)
-    return best, result
+def three_d(gpus: int) -> list[str]:
+    pp = min(16, gpus // 8)
+    layout = ["--tp", "8", "--pp", str(pp), "--grad-accum", "32", "--stage", "1"]
+    return [f"--topology={gpus // 8}x8-dgx-h100", *COMMON, *layout]
+
+
+def zero3(gpus: int) -> list[str]:
+    return [f"--topology={gpus // 8}x8-dgx-h100", *COMMON, "--stage", "3"]
+
+
+CURVES = {
+    "3D (tp 8, pp <= 16, 32 micro-batches)": (three_d, [8, 64, 512, 4096, 16384, 102400]),
+    "ZeRO-3 (dp = GPUs)": (zero3, [8, 64, 512, 4096, 16384, 100000]),
+}
+ISSUE_CASES = {
+    "gpt-175b, tp 8, pp 16, dp 8, 1F1B, 192 micro-batches (1,024 GPUs)": [
+        "--topology=128x8-dgx-a100",
+        *COMMON,
+        *("--tp", "8", "--pp", "16", "--global-batch", "1536", "--stage", "1"),
+    ],
+    "530B, tp 8, pp 35, interleaved v 3, Megatron engine (2,520 GPUs)": [
+        "--topology=315x8-dgx-a100",
+        *COMMON,
+        *LAYER_530B,
+        *MEGATRON,
+        *("--tp", "8", "--pp", "35", "--pp-schedule", "interleaved", "--virtual-stages", "3"),
+        *("--grad-accum", "105", "--stage", "1"),
+    ],
+    "1T, tp 8, pp 64, Megatron engine, 512 micro-batches (3,072 GPUs)": [
+        "--topology=384x8-dgx-a100",
+        *COMMON,
+        *LAYER_1T,
+        *MEGATRON,
+        *("--tp", "8", "--pp", "64", "--grad-accum", "512", "--stage", "1"),
+    ],
+    "175B ZeRO-3, dp 768 (768 GPUs)": ["--topology=96x8-dgx-a100", *COMMON, "--stage", "3"],
+    "530B ZeRO-3, dp 2,240 (2,240 GPUs)": [
+        "--topology=280x8-dgx-a100",
+        *COMMON,
+        *LAYER_530B,
+        "--stage",
+        "3",
+    ],
+    "175B, tp 8, pp 16, interleaved v 3, dp 128 (16,384 GPUs)": [
+        "--topology=2048x8-dgx-h100",
+        *COMMON,
+        *MEGATRON,
+        *("--tp", "8", "--pp", "16", "--pp-schedule", "interleaved", "--virtual-stages", "3"),
+        *("--grad-accum", "32", "--stage", "1"),
+    ],
+}
+REFUSED = ["--topology=100000x8-dgx-h100"]
 
 
 def reference_s() -> float:
@@ -64,124 +107,131 @@ def reference_s() -> float:
     return statistics.median(times)
 
 
-def config(dp: int, pp: int, micro_batches: int) -> ParallelConfig:
-    return ParallelConfig(
-        dp=dp,
-        tp=8,
-        pp=pp,
-        micro_batch=1,
-        grad_accum=micro_batches,
-        recompute="full",
-        pp_schedule="1f1b",
+def child(zsim_args: list[str]) -> int:
+    """In the fresh process: run zsim, print wall time, peak memory and the step time."""
+    from zsim.cli import main
+
+    out = io.StringIO()
+    start = time.perf_counter()
+    with contextlib.redirect_stdout(out):
+        code = main(["run", *zsim_args, "--json"])
+    wall = time.perf_counter() - start
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    step = json.loads(out.getvalue())["step_time_s"] if code == 0 else None
+    print(json.dumps({"code": code, "wall_s": wall, "peak_mb": peak_mb, "step_time_s": step}))
+    return 0
+
+
+def measure(zsim_args: list[str]) -> dict[str, float | int | None]:
+    ref = reference_s()
+    command = [sys.executable, __file__, "--child", "--", *zsim_args]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return {"code": None, "wall_s": None, "peak_mb": None, "step_time_s": None, "ref_s": ref}
+    row = json.loads(done.stdout.strip().splitlines()[-1])
+    return {**row, "ref_s": ref}
+
+
+def refused() -> tuple[int, str, float]:
+    start = time.perf_counter()
+    command = [sys.executable, "-m", "zsim", "run", *REFUSED]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S)
+    return done.returncode, done.stderr.strip(), time.perf_counter() - start
+
+
+def _cells(row: dict[str, float | int | None]) -> str:
+    if row["wall_s"] is None:
+        return f"did not finish in {TIMEOUT_S} s | | | "
+    wall, ref = float(row["wall_s"]), float(row["ref_s"])  # type: ignore[arg-type]
+    step = row["step_time_s"]
+    return (
+        f"{wall:.2f} | {wall / ref:.0f} | {float(row['peak_mb']):.0f} | "  # type: ignore[arg-type]
+        f"{'' if step is None else f'{float(step):.2f}'}"
     )
 
 
-def case_a(repeats: int) -> tuple[list[str], float]:
-    topo = presets.topology("128x8-dgx-a100")
-    cfg = config(dp=8, pp=16, micro_batches=192)
-    ref = reference_s()
-    wall, report = timed(lambda: simulate(MODEL, cfg, topo, DEVICE), repeats)
-    spans = len(report.engine.spans)
-    lines = [
-        "| case | simulated step | spans | wall s (best of "
-        f"{repeats}) | wall / reference | reference s |",
-        "|---|---|---|---|---|---|",
-        f"| (a) gpt-175b, 128x8-dgx-a100, tp8 pp16 dp8, 192 micro-batches, full recompute "
-        f"| {report.step_time_s:.2f} s | {spans:,} | {wall:.2f} | {wall / ref:.0f} "
-        f"| {ref * 1e3:.1f} ms |",
-    ]
-    return lines, wall
-
-
-def profile_a(top: int) -> list[str]:
-    topo = presets.topology("128x8-dgx-a100")
-    cfg = config(dp=8, pp=16, micro_batches=192)
-    profiler = cProfile.Profile()
-    profiler.enable()
-    simulate(MODEL, cfg, topo, DEVICE)
-    profiler.disable()
-    stats = pstats.Stats(profiler, stream=io.StringIO())
-    total = stats.total_tt  # type: ignore[attr-defined]
-    lines = [f"Total under cProfile: {total:.2f} s (profiling adds overhead).", ""]
-    for key, title in (("tottime", "own time"), ("cumulative", "cumulative time")):
-        lines += [
-            f"Top {top} by {title}:",
-            "",
-            "| function | calls | own s | cumulative s | own % |",
-            "|---|---|---|---|---|",
-        ]
-        stats.sort_stats(key)
-        for func in stats.fcn_list[:top]:  # type: ignore[attr-defined]
-            calls, _, own, cum, _ = stats.stats[func]  # type: ignore[attr-defined]
-            lines.append(
-                f"| `{_name(func)}` | {calls:,} | {own:.2f} | {cum:.2f} | {100 * own / total:.1f} |"
-            )
+def run_curves(quick: bool) -> tuple[list[str], list[dict[str, object]]]:
+    lines, rows = [], []
+    header = "| GPUs | wall s | wall / reference | peak MB | simulated step s |"
+    for label, (build, sizes) in CURVES.items():
+        lines += [f"### {label}", "", header, "|---|---|---|---|---|"]
+        for gpus in sizes[:3] if quick else sizes:
+            row = measure(build(gpus))
+            rows.append({"layout": label, "gpus": gpus, **row})
+            lines.append(f"| {gpus:,} | {_cells(row)} |")
+            print(f"{label} {gpus}: {row}", file=sys.stderr, flush=True)
         lines.append("")
-    return lines
+    return lines, rows
 
 
-def _name(func: tuple[str, int, str]) -> str:
-    path, line, name = func
-    if path == "~":
-        return name
-    parts = Path(path).parts
-    short = "/".join(parts[parts.index("zsim") :]) if "zsim" in parts else Path(path).name
-    if "site-packages" in parts:
-        short = "/".join(parts[parts.index("site-packages") + 1 :])
-    return f"{short}:{line} {name}"
+def run_issue_cases(quick: bool) -> tuple[list[str], list[dict[str, object]]]:
+    lines = ["### The cases of issue 13", ""]
+    lines += ["| case | wall s | wall / reference | peak MB | simulated step s |"]
+    lines += ["|---|---|---|---|---|"]
+    rows = []
+    for label, zsim_args in list(ISSUE_CASES.items())[: 1 if quick else None]:
+        row = measure(zsim_args)
+        rows.append({"layout": label, "gpus": None, **row})
+        lines.append(f"| {label} | {_cells(row)} |")
+        print(f"{label}: {row}", file=sys.stderr, flush=True)
+    code, message, wall = refused()
+    lines += ["", f"`zsim run {' '.join(REFUSED)}`: exit {code} after {wall:.2f} s: `{message}`"]
+    return lines, rows
 
 
-def scaling(
-    label: str, points: list[tuple[int, int]], micro_batches: int, repeats: int
-) -> list[str]:
-    """Rows of (dp, pp) points: GPUs, topology build s, simulate s, ratios."""
-    lines = [
-        f"| {label} | GPUs | simulated ranks | topology build s | simulate s | simulate / "
-        "reference | simulated step s |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for dp, pp in points:
-        ref = reference_s()
-        gpus = dp * pp * 8
-        start = time.perf_counter()
-        topo: Topology = presets.topology(f"{gpus // 8}x8-dgx-a100")
-        build = time.perf_counter() - start
-        cfg = config(dp=dp, pp=pp, micro_batches=micro_batches)
-        wall, report = timed(lambda cfg=cfg, topo=topo: simulate(MODEL, cfg, topo, DEVICE), repeats)
-        lines.append(
-            f"| dp {dp}, pp {pp} | {gpus:,} | {pp} | {build:.2f} | {wall:.2f} | "
-            f"{wall / ref:.0f} | {report.step_time_s:.2f} |"
-        )
-        print(lines[-1], file=sys.stderr, flush=True)
-    return lines
+def plot(rows: list[dict[str, object]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (wall_ax, mem_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for label in CURVES:
+        mine = [r for r in rows if r["layout"] == label and r["wall_s"] is not None]
+        gpus = [r["gpus"] for r in mine]
+        wall_ax.plot(gpus, [r["wall_s"] for r in mine], "o-", label=label)
+        mem_ax.plot(gpus, [r["peak_mb"] for r in mine], "o-", label=label)
+    for ax, what in ((wall_ax, "wall time (s)"), (mem_ax, "peak memory (MB)")):
+        ax.set(xscale="log", yscale="log", xlabel="GPUs", ylabel=what)
+        ax.grid(True, which="both", alpha=0.3)
+    wall_ax.set_title("one step of gpt-175b, simulated")
+    mem_ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(PNG_OUT, dpi=120)
 
 
-def write_md(block: str) -> None:
-    write_block(MD_OUT, block)
+def write_csv(rows: list[dict[str, object]]) -> None:
+    fields = ["layout", "gpus", "code", "wall_s", "ref_s", "peak_mb", "step_time_s"]
+    with CSV_OUT.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:2] == ["--child", "--"]:
+        return child(argv[2:])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer points, one repeat")
+    parser.add_argument("--quick", action="store_true", help="the smallest points only")
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
-    repeats = 1 if args.quick else 3
-    dps = [1, 4, 16] if args.quick else [1, 2, 4, 8, 16, 32, 64, 128]
-    pps = [1, 4, 16] if args.quick else [1, 2, 4, 8, 16, 32, 48, 96]
     start = time.perf_counter()
-    lines = ["### (a) one step of gpt-175b on 1,024 A100s", ""]
-    rows_a, _ = case_a(repeats)
-    lines += rows_a
-    lines += ["", "### (a) under cProfile", "", *profile_a(top=25)]
-    lines += ["### (b) GPUs grow by data parallelism (tp 8, pp 16, 32 micro-batches)", ""]
-    lines += scaling("dp x pp", [(dp, 16) for dp in dps], 32, 1)
-    lines += ["", "### (c) distinct ranks grow by pipeline stages (tp 8, dp 1, 32 micro-batches)"]
-    lines += ["", *scaling("dp x pp", [(1, pp) for pp in pps], 32, 1)]
-    lines += ["", f"Whole benchmark: {time.perf_counter() - start:.0f} s."]
+    curve_lines, curve_rows = run_curves(args.quick)
+    case_lines, case_rows = run_issue_cases(args.quick)
+    lines = [
+        *curve_lines,
+        *case_lines,
+        "",
+        f"Whole benchmark: {time.perf_counter() - start:.0f} s.",
+    ]
     block = "\n".join(lines) + "\n"
     print(block)
     if not args.no_write:
-        write_md(block)
+        write_block(MD_OUT, block)
+        write_csv(curve_rows + case_rows)
+        plot(curve_rows)
     return 0
 
 

@@ -203,9 +203,11 @@ def _write(path: Path, content: Any) -> None:
         else:
             content.savefig(tmp, dpi=120, format=path.suffix.lstrip(".") or "png")
         tmp.replace(path)
-    except OSError as exc:
+    except BaseException as exc:  # Ctrl-C included: no temporary file left behind
         tmp.unlink(missing_ok=True)
-        raise InputError("output", str(path), f"a writable path ({exc.strerror})") from None
+        if isinstance(exc, OSError):
+            raise InputError("output", str(path), f"a writable path ({exc.strerror})") from None
+        raise
 
 
 def parse_stragglers(items: list[str]) -> dict[int, float]:

@@ -1,0 +1,24 @@
+"""Ctrl-C during a long run: exit 130, one line, and no output file (whole or partial)."""
+
+import signal
+import subprocess
+import sys
+import time
+
+
+def test_ctrl_c_during_a_long_run_leaves_no_output_file(tmp_path):
+    # 1T parameters on 3,072 GPUs, 512 micro-batches: many seconds of simulation
+    args = "--topology 384x8-dgx-a100 --model gpt-175b --layers 128 --hidden 25600 --heads 160"
+    args += " --tp 8 --pp 64 --pipeline-engine megatron --micro-batch 1 --grad-accum 512"
+    trace, plot = tmp_path / "step.json", tmp_path / "step.png"
+    command = [sys.executable, "-m", "zsim", "run", *args.split()]
+    command += ["--trace", str(trace), "--plot", str(plot)]
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(2.0)  # past start-up, inside the simulation
+    assert child.poll() is None, "the run ended before it could be interrupted"
+    child.send_signal(signal.SIGINT)
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == 130
+    assert err.strip() == "zsim: interrupted"
+    assert "Traceback" not in out + err
+    assert list(tmp_path.iterdir()) == []
