@@ -30,6 +30,7 @@ LAYERS = (
     "validate",
     "plan",
     "cli",
+    "__main__",  # python -m zsim: the command line
 )
 CORE = ("workload", "cluster", "network", "step", "memory", "simulation")
 MAX_MODULE_LINES = 400
