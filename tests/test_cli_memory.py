@@ -75,7 +75,7 @@ def test_bad_input_is_one_line_exit_2(capsys, argv, needle):
     [
         ("{not json", "valid JSON"),
         ('{"train_batch_size": 8, "zero_optimization": {"stage": 4}}', "0, 1, 2 or 3"),
-        ('{"train_batch_size": "auto", "train_micro_batch_size_per_gpu": 1}', "auto"),
+        ('{"train_batch_size": 8, "zero_optimization": {"stage": "auto"}}', "auto"),
         ('{"train_batch_size": 9, "train_micro_batch_size_per_gpu": 2}', "train_batch_size"),
         ("[1, 2]", "JSON object"),
     ],

@@ -30,6 +30,16 @@ def positive_int(field: str, value: Any) -> int:
     return int(value)
 
 
+def count(field: str, value: Any) -> int:
+    """Validate a non-negative integer (a knob where 0 turns something off); whole floats
+    such as JSON's 1e9 are accepted."""
+    if isinstance(value, float) and value.is_integer() and value >= 0:
+        return int(value)
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    require(ok, field, value, "a non-negative integer")
+    return int(value)
+
+
 def positive_number(field: str, value: Any) -> float:
     """Validate a strictly positive finite number."""
     ok = isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < float("inf")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +37,7 @@ class Report:
     mfu: float
     hfu: float
     stages: tuple[RankTimes, ...]  # one per pipeline stage (its first rank)
+    critical: RankTimes  # the rank that sets the step: its parts sum to the step time
     traffic_bytes_per_gpu: dict[str, float]  # by communication category, mean over GPUs
     link_traffic_bytes: dict[str, float]  # by link class, whole cluster, over its directed links
     memory: MemoryLedger
@@ -46,15 +47,15 @@ class Report:
 
     @property
     def compute_s(self) -> float:
-        return max(s.compute_s for s in self.stages)
+        return self.critical.compute_s
 
     @property
     def exposed_comm_s(self) -> float:
-        return max(s.exposed_comm_s for s in self.stages)
+        return self.critical.exposed_comm_s
 
     @property
     def bubble_s(self) -> float:
-        return max(s.idle_s for s in self.stages)
+        return self.critical.idle_s
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -67,6 +68,8 @@ class Report:
             "compute_s": self.compute_s,
             "exposed_comm_s": self.exposed_comm_s,
             "bubble_s": self.bubble_s,
+            "critical_rank": self.critical.rank,
+            "exposed_by_category_s": self.critical.exposed_by_category,
             "stages": [s.__dict__ for s in self.stages],
             "traffic_bytes_per_gpu": self.traffic_bytes_per_gpu,
             "link_traffic_bytes": self.link_traffic_bytes,
@@ -82,6 +85,15 @@ def step_flops(model: ModelSpec, cfg: ParallelConfig) -> tuple[float, float]:
     forward = forward_flops(model, cfg.micro_batch) * cfg.grad_accum * cfg.dp
     replay = forward if cfg.recompute is Recompute.FULL else 0.0
     return 3 * forward, 3 * forward + replay
+
+
+def critical_rank(times: Iterable[RankTimes], step_s: float) -> RankTimes:
+    """The rank that sets the step: among those whose work ends with it, the busiest (the
+    last pipeline stage to finish; in data parallelism, where all end together, a straggler)."""
+    ranks = list(times)
+    last = max(t.end_s for t in ranks)
+    finishing = [t for t in ranks if t.end_s >= last - 1e-12 * max(step_s, 1e-300)]
+    return max(finishing, key=lambda t: (t.compute_s + t.exposed_comm_s, -t.rank))
 
 
 def check_stragglers(stragglers: Mapping[int, float], world: int, full: bool) -> None:
@@ -125,10 +137,11 @@ def simulate(
     passes: dict[int, list[FusedPass]] = {}
     for fused in result.passes:
         passes.setdefault(fused.rank, []).append(fused)
-    stages = tuple(
-        rank_times(by_rank.get(rank, []), passes.get(rank, []), rank, step)
-        for rank in (grid.rank(0, s, 0) for s in range(parallel.pp))
-    )
+    times = {
+        rank: rank_times(by_rank.get(rank, []), passes.get(rank, []), rank, step)
+        for rank in {*(grid.rank(0, s, 0) for s in range(parallel.pp)), *(stragglers or {})}
+    }
+    stages = tuple(times[grid.rank(0, s, 0)] for s in range(parallel.pp))
     flops, hw_flops = step_flops(model, parallel)
     peak = device.peak_flops.get(str(parallel.precision), 0.0)
     gpus = parallel.world_size
@@ -141,6 +154,7 @@ def simulate(
         mfu=flops / step / gpus / peak if peak else 0.0,
         hfu=hw_flops / step / gpus / peak if peak else 0.0,
         stages=stages,
+        critical=critical_rank(times.values(), step),
         traffic_bytes_per_gpu=dict(result.traffic_bytes),
         link_traffic_bytes=dict(result.link_bytes),
         memory=ledger,

@@ -17,8 +17,9 @@ from zsim.memory import peak_ledger
 from zsim.outputs import render
 from zsim.simulation import simulate
 from zsim.step.trace import chrome_trace
+from zsim.workload.model import ModelKind, ModelSpec
 from zsim.workload.model_presets import PRESETS
-from zsim.workload.parallel import ZeroStage, with_stage
+from zsim.workload.parallel import ParallelConfig, ZeroStage, with_stage
 
 
 def _add_model_flags(p: argparse.ArgumentParser) -> None:
@@ -78,7 +79,9 @@ def _model_from(args: argparse.Namespace) -> Any:
     )
 
 
-def _parallel_from(args: argparse.Namespace, **extra: Any) -> Any:
+def _parallel_from(
+    args: argparse.Namespace, model: ModelSpec, **extra: Any
+) -> tuple[ParallelConfig, list[str]]:
     flags = {
         k: getattr(args, k, None)
         for k in (
@@ -106,7 +109,8 @@ def _parallel_from(args: argparse.Namespace, **extra: Any) -> Any:
             "overlap_comm",
         )
     }
-    return build_parallel(args.ds_config, **(flags | extra))
+    hidden = model.hidden if model.kind is not ModelKind.PARAMS_ONLY else None
+    return build_parallel(args.ds_config, hidden, **(flags | extra))
 
 
 # ---- commands ------------------------------------------------------------------------------
@@ -114,19 +118,36 @@ def _parallel_from(args: argparse.Namespace, **extra: Any) -> Any:
 
 def cmd_memory(args: argparse.Namespace) -> int:
     model = _model_from(args)
-    cfg = _parallel_from(args)
+    pipelined = args.pp not in (None, "1")
+    # built at the highest stage the layout allows, then compared at each allowed stage
+    cfg, notes = _parallel_from(args, model, stage="1" if pipelined else "3")
     check_layout(model, cfg)
     device = presets.gpu(args.gpu)
-    ledgers = {s: peak_ledger(model, with_stage(cfg, s)) for s in ZeroStage}
+    stages = [s for s in ZeroStage if cfg.pp == 1 or s <= ZeroStage.OPTIMIZER]
+    if len(stages) < len(ZeroStage):
+        notes.append("pp > 1: ZeRO-2 and ZeRO-3 left out (DeepSpeed's pipeline takes 0 or 1)")
+    ledgers = {s: peak_ledger(model, with_stage(cfg, s)) for s in stages}
     report = render.memory_report(model, cfg, device, ledgers)
     if args.json:
-        print(json.dumps(report, indent=2))
+        print(json.dumps(report | {"notes": notes}, indent=2))
     else:
+        for line in notes:
+            render.note(line)
         render.print_memory(report)
     return 0
 
 
 DEFAULT_RUN = {"topology": "1x8-nvlink", "model": "gpt-1.3b", "micro_batch": "4"}
+
+
+def _run_defaults(args: argparse.Namespace) -> dict[str, str]:
+    """The built-in defaults a run takes for what was not given; a ds_config's batch is its
+    own (its train_batch_size and micro-batch, not zsim's micro-batch 4)."""
+    return {
+        k: v
+        for k, v in DEFAULT_RUN.items()
+        if getattr(args, k) is None and not (k == "micro_batch" and args.ds_config is not None)
+    }
 
 
 def _device(args: argparse.Namespace, topology: Topology) -> DeviceProfile:
@@ -149,12 +170,11 @@ def _device(args: argparse.Namespace, topology: Topology) -> DeviceProfile:
 def cmd_run(args: argparse.Namespace) -> int:
     defaults = [
         f"--{k.replace('_', '-')} {v}"
-        for k, v in DEFAULT_RUN.items()
-        if getattr(args, k) is None and not (k == "model" and args.params)
+        for k, v in _run_defaults(args).items()
+        if not (k == "model" and args.params)
     ]
-    for key, value in DEFAULT_RUN.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
+    for key, value in _run_defaults(args).items():
+        setattr(args, key, value)
     topology = presets.topology(args.topology)
     model = _model_from(args)
     tp, pp = (int(x) if x else 1 for x in (args.tp, args.pp))
@@ -162,7 +182,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     dp = args.dp or (str(world // (tp * pp)) if world % (tp * pp) == 0 else None)
     if dp is None:
         raise InputError("tp x pp", tp * pp, f"a divisor of the {world} GPUs of {topology.name}")
-    cfg = _parallel_from(args, dp=dp)
+    cfg, notes = _parallel_from(args, model, dp=dp)
     check_layout(model, cfg)
     if cfg.world_size != world:
         raise InputError(
@@ -186,10 +206,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         fig = timeline(report.engine.spans, title, passes=report.engine.passes)
         _write(args.plot, fig)
     if args.json:
-        print(json.dumps(summary, indent=2))
+        print(json.dumps(summary | {"notes": notes}, indent=2))
     else:
         if defaults:
             render.note("defaults: " + "  ".join(defaults))
+        for line in notes:
+            render.note(line)
         render.print_run(summary)
     return 0
 

@@ -13,6 +13,26 @@ import numpy as np
 from zsim.cluster.device import GB, ComputeRates, DeviceProfile, GiB
 from zsim.errors import positive_number, require
 
+# DeepSpeedCPUAdam streams 7 fp32 arrays per step (`Step_AVX`: parameters, gradients and both
+# moments read; parameters and moments written) and moves them at 0.95 of a plain copy's
+# bandwidth (benchmarks/results/cpu_adam.md, measured with DeepSpeed 0.19.8 on CPU)
+CPU_ADAM_BYTES_PER_PARAM = 28
+CPU_ADAM_COPY_FRACTION = 0.95
+
+
+def host_adam_params_per_s(spec: Mapping[str, Any]) -> float:
+    """Offload's CPU Adam rate for one GPU's rank: its share of the host's DRAM bandwidth
+    (spec sheet; the GPUs of one host share it) at the fraction CPU Adam reaches of a copy.
+    An upper bound: a copy itself reaches only part of the spec bandwidth. 0 without a host."""
+    host = spec.get("host")
+    if host is None:
+        return 0.0
+    name = spec.get("name", "?")
+    require(isinstance(host, Mapping), f"{name}.host", host, "memory_GBps and gpus")
+    bandwidth = positive_number(f"{name}.host.memory_GBps", host.get("memory_GBps")) * GB
+    gpus = positive_number(f"{name}.host.gpus", host.get("gpus"))
+    return CPU_ADAM_COPY_FRACTION * bandwidth / gpus / CPU_ADAM_BYTES_PER_PARAM
+
 
 def fit_gemm(shapes_tflops: list[tuple[int, int, int, float]]) -> tuple[float, float]:
     """(achieved FLOP/s, overhead s) from (m, n, k, measured TFLOP/s) rows, by least squares
@@ -77,6 +97,7 @@ def profile_from_spec(
         rates=rates,
         host_link_bytes_per_s=host_link,
         optimizer_bytes_per_s=mem_rate,
+        host_adam_params_per_s=host_adam_params_per_s(spec),
         notes=tuple(notes),
     )
 

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from zsim.cluster.device import DeviceProfile
-from zsim.errors import InputError, positive_int, require
+from zsim.errors import InputError, count, positive_int, require
+from zsim.inputs.ds_file import fill_trainer_auto, merged_batch
 from zsim.inputs.files import load_json
 from zsim.workload import model_presets as models
 from zsim.workload import parallel as par
@@ -39,6 +40,16 @@ def parse_int(field: str, text: str | int | None) -> int | None:
         raise InputError(field, text, "a positive integer") from None
     require(value.is_integer() and value > 0, field, text, "a positive integer")
     return int(value)
+
+
+def parse_count(field: str, text: str | int) -> int:
+    """A non-negative integer from a flag (a knob where 0 turns something off)."""
+    if isinstance(text, str):
+        try:
+            return count(field, float(text))
+        except ValueError:
+            raise InputError(field, text, "a non-negative integer") from None
+    return count(field, text)
 
 
 def parse_choice(field: str, text: str | None, enum: type[Any]) -> Any:
@@ -95,11 +106,13 @@ def parse_model(text: str) -> ModelSpec:
     return build_model(name, None, **shape)
 
 
-def build_parallel(ds_config: Path | None = None, **flags: Any) -> ParallelConfig:
-    """A ParallelConfig from flags, over a ds_config.json when one is given.
-
-    Flags given explicitly win over the file. The batch obeys DeepSpeed's rule.
-    """
+def build_parallel(
+    ds_config: Path | None = None, hidden: int | None = None, **flags: Any
+) -> tuple[ParallelConfig, list[str]]:
+    """A ParallelConfig from flags, over a ds_config.json when one is given, and notes on
+    what was assumed (Hugging Face "auto" values filled, fp32 when the file enables no
+    16-bit type). Flags win over the file. The batch obeys DeepSpeed's rule. `hidden`: the
+    model's, for the Trainer's "auto" bucket sizes."""
     dp = parse_int("dp", flags.pop("dp", None))
     tp = parse_int("tp", flags.pop("tp", None)) or 1
     pp = parse_int("pp", flags.pop("pp", None)) or 1
@@ -121,17 +134,16 @@ def build_parallel(ds_config: Path | None = None, **flags: Any) -> ParallelConfi
     knob_flags = {k: flags.pop(k) for k in list(flags) if k in _KNOBS and flags[k] is not None}
     for k, v in knob_flags.items():
         if not isinstance(v, bool):
-            knob_flags[k] = parse_int(k, v)
+            knob_flags[k] = parse_count(k, v)
     other = {k: v for k, v in flags.items() if v is not None}
     if "virtual_stages" in other:
         other["virtual_stages"] = parse_int("virtual_stages", other["virtual_stages"])
-
+    notes: list[str] = []
     if ds_config is not None:
-        ds = load_json(ds_config, "ds_config")
-        cfg = from_ds_config(ds, dp=dp, tp=tp, pp=pp)
-        if micro or accum or global_batch:
-            m, a = par.resolve_batch(cfg.dp, micro, accum, global_batch)
-            cfg = replace(cfg, micro_batch=m, grad_accum=a)
+        precision = choices["precision"]
+        cfg, notes = _from_file(
+            ds_config, dp, tp, pp, (micro, accum, global_batch), hidden, precision
+        )
     else:
         dp = dp or 1
         m, a = par.resolve_batch(dp, micro, accum, global_batch)
@@ -141,7 +153,44 @@ def build_parallel(ds_config: Path | None = None, **flags: Any) -> ParallelConfi
         updates["zero_stage"] = stage
     if knob_flags:
         updates["knobs"] = replace(cfg.knobs, **knob_flags)
-    return replace(cfg, **updates)
+    return replace(cfg, **updates), notes
+
+
+def _from_file(
+    path: Path,
+    dp: int | None,
+    tp: int,
+    pp: int,
+    batch: tuple[int | None, int | None, int | None],
+    hidden: int | None,
+    precision: par.Precision | None,
+) -> tuple[ParallelConfig, list[str]]:
+    raw = load_json(path, "ds_config")
+    micro, accum, global_batch = batch
+    ds, filled = fill_trainer_auto(
+        raw,
+        dp=dp or 1,
+        micro=micro,
+        accum=accum,
+        global_batch=global_batch,
+        precision=None if precision is None else str(precision),
+        hidden=hidden,
+    )
+    notes = [f"{path.name}: filled as the Hugging Face Trainer does: {', '.join(filled)}"]
+    notes = notes if filled else []
+    cfg = from_ds_config(ds, dp=dp, tp=tp, pp=pp)
+    micro, accum, global_batch = merged_batch(ds, micro, accum, global_batch)
+    require(
+        micro is not None or global_batch is not None,
+        "train_batch_size",
+        None,
+        "train_batch_size or train_micro_batch_size_per_gpu in the file, or a batch flag "
+        "(DeepSpeed needs one of them)",
+    )
+    m, a = par.resolve_batch(cfg.dp, micro, accum, global_batch)
+    if precision is None and cfg.precision is par.Precision.FP32:
+        notes.append(f"{path.name} enables neither fp16 nor bf16: fp32, DeepSpeed's default")
+    return replace(cfg, micro_batch=m, grad_accum=a), notes
 
 
 _KNOBS = set(par.ZeroKnobs.__dataclass_fields__)

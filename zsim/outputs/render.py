@@ -58,6 +58,8 @@ def parallel_summary(cfg: ParallelConfig) -> dict[str, Any]:
         "precision": str(cfg.precision),
         "recompute": str(cfg.recompute),
         "offload": str(cfg.offload),
+        "sequence_parallel": cfg.sequence_parallel,
+        "flash_attention": cfg.flash_attention,
     }
 
 
@@ -129,7 +131,7 @@ def print_memory(report: dict[str, Any]) -> None:
         )
     else:
         label = "plain DP" if first == 0 else f"ZeRO-{first}"
-        how = offload or " without offload"
+        how = offload if offload and first else " without offload"  # DP cannot offload
         _console.print(
             f"First stage that fits {g['name']}{how}: [bold]{label}[/] "
             f"({report['stages'][str(first)]['device_total_GB']:.2f} GB "
@@ -188,14 +190,12 @@ def run_report(
 
 
 def print_run(r: dict[str, Any]) -> None:
-    m, p = r["model"], r["parallel"]
-    _console.print(
-        f"[bold]{m['name']}[/] ({m['params'] / 1e9:.3g}B) on [bold]{r['topology']}[/] "
-        f"({r['device']}): ZeRO-{p['zero_stage']} dp={p['dp']} tp={p['tp']} pp={p['pp']}, "
-        f"{p['precision']}, micro-batch {p['micro_batch']} x accum {p['grad_accum']} = "
-        f"global batch {p['global_batch']}, recompute {p['recompute']}, offload {p['offload']}"
+    _console.print(_run_header(r))
+    t = Table(
+        title=f"One training step (simulated); its time on rank {r['critical_rank']}, "
+        "the rank that sets it",
+        show_header=False,
     )
-    t = Table(title="One training step (simulated)", show_header=False)
     t.add_column("")
     t.add_column("", justify="right")
     step = r["step_time_s"]
@@ -223,6 +223,7 @@ def print_run(r: dict[str, Any]) -> None:
     for row in rows:
         t.add_row(*row)
     _console.print(t)
+    _console.print(bottleneck(r))
     mem = r["memory_GB"]
     lines = ", ".join(
         f"{k.replace('_', ' ')} {mem[k]:,.2f}"
@@ -243,3 +244,33 @@ def print_run(r: dict[str, Any]) -> None:
         f"usable: {verdict}"
         + (f"; {mem['host_offloaded']:,.2f} GB on the host" if mem["host_offloaded"] else "")
     )
+
+
+def _run_header(r: dict[str, Any]) -> str:
+    m, p = r["model"], r["parallel"]
+    seq = f", seq {m['seq_len']}" if "seq_len" in m else ""
+    extras = [x for x in ("sequence_parallel", "flash_attention") if p[x]]
+    return (
+        f"[bold]{m['name']}[/] ({m['params'] / 1e9:.3g}B{seq}) on [bold]{r['topology']}[/] "
+        f"({r['device']}): ZeRO-{p['zero_stage']} dp={p['dp']} tp={p['tp']} pp={p['pp']}, "
+        f"{p['precision']}, micro-batch {p['micro_batch']} x accum {p['grad_accum']} = "
+        f"global batch {p['global_batch']}, recompute {p['recompute']}, offload {p['offload']}"
+        + "".join(f", {x.replace('_', ' ')}" for x in extras)
+    )
+
+
+def bottleneck(r: dict[str, Any]) -> str:
+    """One line: what the step's time mostly goes to on the rank that sets it, and the
+    largest loss (the time that is not compute)."""
+    step, rank = r["step_time_s"], r["critical_rank"]
+    idle, exposed = r["bubble_s"], r["exposed_comm_s"]
+    if idle >= exposed:
+        loss = f"idle time {idle / step:.0%} (pipeline bubble, waiting on other ranks)"
+    else:
+        by = r["exposed_by_category_s"]
+        top = max(by, key=lambda k: by[k]) if by else "communication"
+        loss = f"exposed communication {exposed / step:.0%}, mostly {top}"
+    if r["compute_s"] >= max(idle, exposed):
+        head = f"compute, {r['compute_s'] / step:.0%} of the step on rank {rank}"
+        return f"Bottleneck: {head} (MFU {r['mfu']:.1%}); the largest loss: {loss}."
+    return f"Bottleneck: {loss} on rank {rank}; compute {r['compute_s'] / step:.0%}."

@@ -216,11 +216,11 @@ class Engine:
             Span(rank, task.stream, task.name, str(task.category), start, self.env.now, nbytes)
         )
 
-    def receive(self, rank: int, task: Task) -> Generator[simpy.Event, None, None]:
+    def receive(self, rank: int, task: Task) -> Generator[simpy.Event, float, None]:
         assert task.comm is not None  # recv tasks always carry their comm
         start = self.env.now
-        yield self.arrival(rank, task.comm.tag)
-        self.record(rank, task, start)
+        sent_at = yield self.arrival(rank, task.comm.tag)
+        self.record(rank, task, max(start, sent_at))  # waiting for the sender is idle time
         self.done[(rank, task.index)].succeed()
 
     def arrival(self, rank: int, tag: str) -> simpy.Event:
@@ -309,10 +309,10 @@ class Engine:
             for pair in self.send_replicas(rank, comm.peer)
         ]
         transfer = self.comms.send(call) if not replicas else self.comms.run(call, replicas)
-        arrival = self.arrival(dst, comm.tag)
-        transfer.callbacks.append(lambda _: _trigger(arrival))
+        arrival, sent_at = self.arrival(dst, comm.tag), self.env.now
+        transfer.callbacks.append(lambda _: _arrived(arrival, sent_at))
         return transfer
 
 
-def _trigger(event: simpy.Event) -> None:
-    event.succeed()
+def _arrived(arrival: simpy.Event, sent_at: float) -> None:
+    arrival.succeed(sent_at)  # the receiver learns when the data left

@@ -8,7 +8,7 @@ pipeline bubble, waiting on another stage).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -59,50 +59,76 @@ def uncovered(
 
 @dataclass(frozen=True)
 class RankTimes:
-    """Where one rank's step time went."""
+    """Where one rank's step time went: compute + exposed communication + idle = the step."""
 
     rank: int
     compute_s: float
     exposed_comm_s: float
     idle_s: float
     comm_total_s: float
+    end_s: float = 0.0  # when the rank's last work ended
+    exposed_by_category: dict[str, float] = field(default_factory=dict)  # may overlap
 
 
 _COMPUTE_NAMES = frozenset(str(c) for c in COMPUTE_CATEGORIES)  # spans carry category names
+Template = tuple[tuple[FloatArray, FloatArray], dict[str, tuple[FloatArray, FloatArray]]]
 
 
 def rank_times(
     spans: Sequence[Span], passes: Sequence[FusedPass], rank: int, step_s: float
 ) -> RankTimes:
     """Where `rank`'s step went; `spans` and `passes` may be all ranks' or (faster) only its."""
-    mine = [s for s in spans if s.rank == rank]
-    on_device = [s for s in mine if s.stream is not Stream.HOST]
-    compute, comm = _Intervals(), _Intervals()
-    compute.add(np.zeros(1), *_arrays((s.start_s, s.end_s) for s in on_device if _computes(s)))
-    comm.add(np.zeros(1), *_arrays((s.start_s, s.end_s) for s in mine if not _computes(s)))
-    templates: dict[int, tuple[FloatArray, FloatArray, FloatArray, FloatArray]] = {}
-    by_kind: dict[int, list[float]] = {}
-    for p in passes:
-        if p.rank == rank:
-            by_kind.setdefault(id(p.parts), []).append(p.start_s)
-            if id(p.parts) not in templates:
-                templates[id(p.parts)] = _template(p)
-    for kind, starts in by_kind.items():
-        at = np.asarray(starts)
-        c_start, c_end, m_start, m_end = templates[kind]
-        compute.add(at, c_start, c_end)
-        comm.add(at, m_start, m_end)
-    busy = _boundaries(*compute.arrays(), *comm.arrays())
-    segments, computing, communicating = busy
+    compute, comm = _gather(spans, passes, rank)
+    every_comm = _Intervals()
+    for intervals in comm.values():
+        every_comm.extend(intervals)
+    segments, computing, communicating = _boundaries(*compute.arrays(), *every_comm.arrays())
     compute_s = float(segments[computing].sum())
     exposed = float(segments[communicating & ~computing].sum())
+    ends = [s.end_s for s in spans if s.rank == rank] + [p.end_s for p in passes if p.rank == rank]
     return RankTimes(
         rank,
         compute_s,
         exposed,
         max(0.0, step_s - compute_s - exposed),
         float(segments[communicating].sum()),
+        max(ends, default=0.0),
+        {category: _exposed(iv, compute) for category, iv in sorted(comm.items())},
     )
+
+
+def _gather(
+    spans: Sequence[Span], passes: Sequence[FusedPass], rank: int
+) -> tuple[_Intervals, dict[str, _Intervals]]:
+    """A rank's compute intervals, and its communication intervals by category."""
+    compute, comm = _Intervals(), dict[str, _Intervals]()
+    zero = np.zeros(1)
+    for s in spans:
+        if s.rank != rank:
+            continue
+        if not _computes(s):
+            comm.setdefault(s.category, _Intervals()).add(zero, *_arrays([(s.start_s, s.end_s)]))
+        elif s.stream is not Stream.HOST:
+            compute.add(zero, *_arrays([(s.start_s, s.end_s)]))
+    templates: dict[int, Template] = {}
+    starts: dict[int, list[float]] = {}
+    for p in passes:
+        if p.rank == rank:
+            starts.setdefault(id(p.parts), []).append(p.start_s)
+            if id(p.parts) not in templates:
+                templates[id(p.parts)] = _template(p)
+    for kind, at in starts.items():
+        offsets = np.asarray(at)
+        own_compute, own_comm = templates[kind]
+        compute.add(offsets, *own_compute)
+        for category, (begin, end) in own_comm.items():
+            comm.setdefault(category, _Intervals()).add(offsets, begin, end)
+    return compute, comm
+
+
+def _exposed(intervals: _Intervals, compute: _Intervals) -> float:
+    segments, inside, covered = _boundaries(*intervals.arrays(), *compute.arrays())
+    return float(segments[inside & ~covered].sum())
 
 
 class _Intervals:
@@ -116,18 +142,25 @@ class _Intervals:
         self.starts.append((offsets[:, None] + starts[None, :]).ravel())
         self.ends.append((offsets[:, None] + ends[None, :]).ravel())
 
+    def extend(self, other: _Intervals) -> None:
+        self.starts += other.starts
+        self.ends += other.ends
+
     def arrays(self) -> tuple[FloatArray, FloatArray]:
         if not self.starts:
             return np.zeros(0), np.zeros(0)
         return np.concatenate(self.starts), np.concatenate(self.ends)
 
 
-def _template(p: FusedPass) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
-    """A pass's compute and communication parts, relative to its start."""
+def _template(p: FusedPass) -> Template:
+    """A pass's compute parts, and its communication parts by category, relative to it."""
     on_device = p.stream is not Stream.HOST
     compute = [(q.start_s, q.start_s + q.duration_s) for q in p.parts if on_device and _computes(q)]
-    comm = [(q.start_s, q.start_s + q.duration_s) for q in p.parts if not _computes(q)]
-    return (*_arrays(compute), *_arrays(comm))
+    comm: dict[str, list[tuple[float, float]]] = {}
+    for q in p.parts:
+        if not _computes(q):
+            comm.setdefault(str(q.category), []).append((q.start_s, q.start_s + q.duration_s))
+    return _arrays(compute), {category: _arrays(iv) for category, iv in comm.items()}
 
 
 def _computes(work: Span | Part) -> bool:

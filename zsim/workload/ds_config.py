@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zsim.errors import InputError, positive_int, require
+from zsim.errors import InputError, count, positive_int, require
 from zsim.workload.parallel import (
     Offload,
     ParallelConfig,
@@ -43,8 +43,9 @@ def _no_auto(key: str, value: Any) -> Any:
         raise InputError(
             key,
             "auto",
-            'a concrete value: "auto" is filled in by the Hugging Face '
-            "Trainer integration, not by DeepSpeed; give the number, or the flag",
+            'a concrete value: zsim fills "auto" only where the Hugging Face Trainer does '
+            "(batch sizes, fp16/bf16.enabled, reduce_bucket_size, and under ZeRO-3 "
+            "stage3_prefetch_bucket_size and stage3_param_persistence_threshold)",
         )
     return value
 
@@ -112,7 +113,8 @@ def from_ds_config(
     }
     for name, value in knobs.items():
         if name not in _BOOL_KNOBS:
-            knobs[name] = positive_int(f"zero_optimization.{name}", value)
+            key = next(k for k, n in _KNOB_KEYS.items() if n == name)
+            knobs[name] = count(f"zero_optimization.{key}", value)
     fields: dict[str, Any] = {
         "dp": dp,
         "tp": tp,

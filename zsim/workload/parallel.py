@@ -89,6 +89,20 @@ class ZeroKnobs:
     max_live_parameters: int = 1_000_000_000
     max_reuse_distance: int = 1_000_000_000
 
+    def __post_init__(self) -> None:
+        # DeepSpeed takes 0 for the stage-3 knobs (no prefetch, nothing persistent or kept
+        # live or reused); a bucket of 0 elements would never fill
+        for name in ("reduce_bucket_size", "allgather_bucket_size"):
+            require(_whole(getattr(self, name), 1), name, getattr(self, name), "a positive integer")
+        for name in (
+            "prefetch_bucket_size",
+            "param_persistence_threshold",
+            "max_live_parameters",
+            "max_reuse_distance",
+        ):
+            value = getattr(self, name)
+            require(_whole(value, 0), name, value, "a non-negative integer (0 turns it off)")
+
 
 @dataclass(frozen=True)
 class ParallelConfig:
@@ -229,3 +243,7 @@ def with_stage(cfg: ParallelConfig, stage: ZeroStage) -> ParallelConfig:
     elif stage is not ZeroStage.PARAMETERS and offload is Offload.OPTIMIZER_PARAMS:
         offload = Offload.OPTIMIZER
     return replace(cfg, zero_stage=stage, offload=offload)
+
+
+def _whole(value: object, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
