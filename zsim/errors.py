@@ -12,7 +12,10 @@ class InputError(ValueError):
         self.field = field
         self.value = value
         self.allowed = allowed
-        super().__init__(f"{field}={value!r} is not valid: {allowed}")
+        super().__init__(field, value, allowed)  # args rebuild it (simpy re-raises copies)
+
+    def __str__(self) -> str:
+        return f"{self.field}={self.value!r} is not valid: {self.allowed}"
 
 
 def require(condition: bool, field: str, value: Any, allowed: str) -> None:

@@ -87,6 +87,17 @@ def step_flops(model: ModelSpec, cfg: ParallelConfig) -> tuple[float, float]:
     return 3 * forward, 3 * forward + replay
 
 
+def _rank_times(result: EngineResult, ranks: Iterable[int]) -> dict[int, RankTimes]:
+    by_rank: dict[int, list[Span]] = {}
+    for span in result.spans:
+        by_rank.setdefault(span.rank, []).append(span)
+    passes: dict[int, list[FusedPass]] = {}
+    for fused in result.passes:
+        passes.setdefault(fused.rank, []).append(fused)
+    step = result.end_s
+    return {r: rank_times(by_rank.get(r, []), passes.get(r, []), r, step) for r in ranks}
+
+
 def critical_rank(times: Iterable[RankTimes], step_s: float) -> RankTimes:
     """The rank that sets the step: among those whose work ends with it, the busiest (the
     last pipeline stage to finish; in data parallelism, where all end together, a straggler)."""
@@ -118,7 +129,15 @@ def simulate(
 ) -> Report:
     """Simulate one step. `full` simulates every rank instead of one per pipeline stage;
     `stragglers` (rank -> factor, with `full`) runs those ranks' kernels that much slower."""
-    check_stragglers(stragglers or {}, parallel.world_size, full)
+    require(
+        parallel.world_size == topology.world_size,
+        "dp x tp x pp",
+        parallel.world_size,
+        f"the {topology.world_size} GPUs of {topology.name} "
+        f"(dp={parallel.dp}, tp={parallel.tp}, pp={parallel.pp})",
+    )
+    slow = dict(stragglers or {})
+    check_stragglers(slow, parallel.world_size, full)
     topology = apply_profile(topology, device)  # a calibrated profile's links and call latency
     grid = RankGrid(dp=parallel.dp, pp=parallel.pp, tp=parallel.tp)
     gloo = topology.fabric.backend is Backend.GLOO
@@ -131,16 +150,7 @@ def simulate(
     ]
     result = Engine(programs, grid, comms, full=full, slowdown=stragglers).run()
     step = result.end_s
-    by_rank: dict[int, list[Span]] = {}
-    for span in result.spans:
-        by_rank.setdefault(span.rank, []).append(span)
-    passes: dict[int, list[FusedPass]] = {}
-    for fused in result.passes:
-        passes.setdefault(fused.rank, []).append(fused)
-    times = {
-        rank: rank_times(by_rank.get(rank, []), passes.get(rank, []), rank, step)
-        for rank in {*(grid.rank(0, s, 0) for s in range(parallel.pp)), *(stragglers or {})}
-    }
+    times = _rank_times(result, {*(grid.rank(0, s, 0) for s in range(parallel.pp)), *slow})
     stages = tuple(times[grid.rank(0, s, 0)] for s in range(parallel.pp))
     flops, hw_flops = step_flops(model, parallel)
     peak = device.peak_flops.get(str(parallel.precision), 0.0)

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from zsim.cli import calibrate, network, run, validate
+from zsim.cli.output import EXIT_BAD_INPUT, EXIT_INTERRUPTED
 from zsim.errors import InputError
 
 
@@ -41,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return func(args)
     except InputError as exc:
         print(f"zsim: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("zsim: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED

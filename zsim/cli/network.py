@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from zsim.cli.output import write_output
 from zsim.cluster.grid import GroupKind, RankGrid, process_groups
 from zsim.cluster.names import GRAMMAR
 from zsim.cluster.topology import Topology
@@ -87,7 +88,7 @@ def cmd_topology(args: argparse.Namespace) -> int:
     if args.plot:
         from zsim.outputs.topology_plot import topology_figure
 
-        topology_figure(topo).savefig(args.plot, dpi=120)
+        write_output(args.plot, topology_figure(topo))
         summary["plot"] = str(args.plot)
     if args.json:
         print(json.dumps(summary, indent=2))

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from zsim.cli.output import EXIT_DOES_NOT_FIT, EXIT_OK, write_output
 from zsim.cluster.device import DeviceProfile
 from zsim.cluster.topology import Topology
 from zsim.errors import InputError
@@ -134,7 +135,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
         for line in notes:
             render.note(line)
         render.print_memory(report)
-    return 0
+    return EXIT_OK if report["first_stage_that_fits"] is not None else EXIT_DOES_NOT_FIT
 
 
 DEFAULT_RUN = {"topology": "1x8-nvlink", "model": "gpt-1.3b", "micro_batch": "4"}
@@ -195,7 +196,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     report = simulate(model, cfg, topology, device, full=args.full, stragglers=stragglers)
     summary = render.run_report(model, cfg, topology.name, device, report)
     if args.trace:
-        _write(args.trace, json.dumps(chrome_trace(report.engine.spans, report.engine.passes)))
+        write_output(
+            args.trace, json.dumps(chrome_trace(report.engine.spans, report.engine.passes))
+        )
     if args.plot:
         from zsim.outputs.timeline import timeline
 
@@ -204,7 +207,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"dp={cfg.dp} tp={cfg.tp} pp={cfg.pp}"
         )
         fig = timeline(report.engine.spans, title, passes=report.engine.passes)
-        _write(args.plot, fig)
+        write_output(args.plot, fig)
     if args.json:
         print(json.dumps(summary | {"notes": notes}, indent=2))
     else:
@@ -213,23 +216,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         for line in notes:
             render.note(line)
         render.print_run(summary)
-    return 0
-
-
-def _write(path: Path, content: Any) -> None:
-    """Write a file through a temporary name, so a failure leaves no half-written file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        if isinstance(content, str):
-            tmp.write_text(content, encoding="utf-8")
-        else:
-            content.savefig(tmp, dpi=120, format=path.suffix.lstrip(".") or "png")
-        tmp.replace(path)
-    except BaseException as exc:  # Ctrl-C included: no temporary file left behind
-        tmp.unlink(missing_ok=True)
-        if isinstance(exc, OSError):
-            raise InputError("output", str(path), f"a writable path ({exc.strerror})") from None
-        raise
+    return EXIT_OK if report.fits else EXIT_DOES_NOT_FIT
 
 
 def parse_stragglers(items: list[str]) -> dict[int, float]:

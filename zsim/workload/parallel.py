@@ -169,6 +169,13 @@ class ParallelConfig:
             self.virtual_stages,
             "1 unless --pp-schedule interleaved",
         )
+        require(  # Megatron: "number of microbatches is not divisible by pipeline-parallel size"
+            self.pp_schedule is not PipelineSchedule.INTERLEAVED or self.grad_accum % self.pp == 0,
+            "grad_accum",
+            self.grad_accum,
+            f"a multiple of pp={self.pp} (Megatron's interleaved schedule runs micro-batches "
+            "in groups of pp)",
+        )
 
     @property
     def world_size(self) -> int:
