@@ -56,7 +56,7 @@ def test_reads_a_real_ds_config(capsys, tmp_path):
         (["--model", "gpt-1.3b", "--micro-batch", "0"], "micro_batch"),
         (
             ["--model", "gpt-1.3b", "--dp", "8", "--global-batch", "100", "--micro-batch", "3"],
-            "train_batch_size must equal",
+            "a multiple of micro_batch 3 x dp 8 = 24",
         ),
         (["--model", "gpt-1.3b", "--tp", "3"], "tp=3"),
         (["--model", "gpt-1.3b", "--gpu", "a100"], "gpu='a100'"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -48,3 +50,19 @@ def positive_number(field: str, value: Any) -> float:
     ok = isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < float("inf")
     require(ok, field, value, "a positive number")
     return float(value)
+
+
+def choose(field: str, name: str, choices: Sequence[str]) -> str:
+    """`name` among `choices`: itself, the same ignoring case, or the one choice it begins
+    (`h100` for `h100-sxm`); else an InputError that lists the choices and the closest."""
+    if name in choices:
+        return name
+    lowered = {c.lower(): c for c in choices}
+    if name.lower() in lowered:
+        return lowered[name.lower()]
+    starting = [c for c in choices if c.lower().startswith(name.lower())]
+    if len(starting) == 1:
+        return starting[0]
+    close = starting or difflib.get_close_matches(name.lower(), list(lowered), n=3, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(lowered.get(c, c) for c in close)}?" if close else ""
+    raise InputError(field, name, "one of " + ", ".join(choices) + hint)

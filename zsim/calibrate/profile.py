@@ -216,14 +216,25 @@ def calibration_to_dict(cal: Calibration, csv_name: str | None = None) -> dict[s
     return out
 
 
+def _ds_like(data: Mapping[str, Any]) -> bool:
+    keys = ("zero_optimization", "train_batch_size", "train_micro_batch_size_per_gpu")
+    return any(k in data for k in keys)
+
+
 def calibration_from_dict(d: Any, source: str = "profile") -> Calibration:
     data = _mapping(source, d)
     version = data.get("zsim_profile")
+    if version is None:
+        looks = (
+            " (it looks like a DeepSpeed config: give it to --ds-config)" if _ds_like(data) else ""
+        )
+        name = source.removeprefix("profile ")
+        raise InputError("profile", name, f"a file written by `zsim calibrate`{looks}")
     require(
         version == FORMAT_VERSION,
         f"{source}.zsim_profile",
         version,
-        f"{FORMAT_VERSION} (a file written by `zsim calibrate`)",
+        f"{FORMAT_VERSION} (a file written by this version of `zsim calibrate`)",
     )
     require("device" in data, f"{source}.device", None, "required (missing from the file)")
     profile = profile_from_dict(data["device"], f"{source}.device")

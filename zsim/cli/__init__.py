@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
@@ -34,9 +35,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_NEGATIVE = re.compile(r"^-(\d|\.\d)")
+
+
+def _attach_negative_values(argv: Sequence[str]) -> list[str]:
+    """`--params -7e9` -> `--params=-7e9`: argparse takes a negative number in scientific
+    notation for an option, so the value would reach no validation at all."""
+    out: list[str] = []
+    for token in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and _NEGATIVE.match(token):
+            out[-1] = f"{out[-1]}={token}"
+        else:
+            out.append(token)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_attach_negative_values(sys.argv[1:] if argv is None else argv))
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)

@@ -67,6 +67,7 @@ def _add_calibrate(sub: Any) -> None:
     p.add_argument("--quick", action="store_true", help="a small, fast run (tests, smoke checks)")
     p.add_argument("--name", help="profile name (default DEVICE-NPROCrank)")
     p.add_argument("--out", type=Path, help="output JSON (default calibration/NAME.json)")
+    p.add_argument("--force", action="store_true", help="overwrite the default output")
     p.add_argument("--no-plot", action="store_true", help="skip the -fit.png figure")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_calibrate)
@@ -116,6 +117,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         launch = runner.Launch(emulation.ranks_per_node, launch.threads, emulation.nodes)
     name = args.name or f"{device}-{launch.nproc * launch.nnodes}rank"
     out = args.out or Path("calibration") / f"{name}.json"
+    require(
+        args.out is not None or args.force or not out.exists(),
+        "out",
+        str(out),
+        "a new file: it exists (perhaps a committed profile); give --out, or --force",
+    )
     try:
         written = runner.calibrate(
             _plan(args, device, topology),

@@ -85,6 +85,15 @@ def _fabric_row(name: str) -> dict[str, Any]:
 def cmd_topology(args: argparse.Namespace) -> int:
     topo = presets.topology(args.name)
     summary = describe(topo)
+    if args.emit:
+        require(
+            not Path(args.name).suffix,
+            "name",
+            args.name,
+            "an NxG-fabric name for --emit (a cluster file is already editable)",
+        )
+        write_output(args.emit, presets.cluster_file_text(args.name))
+        summary["emitted"] = str(args.emit)
     if args.plot:
         from zsim.outputs.topology_plot import topology_figure
 
@@ -219,6 +228,9 @@ def add_commands(sub: Any) -> None:
     p = sub.add_parser("topology", help="summarize (and draw) one topology")
     p.add_argument("name", help=f"{GRAMMAR}, or a cluster YAML file")
     p.add_argument("--plot", type=Path, metavar="OUT.png", help="draw the graph to this file")
+    p.add_argument(
+        "--emit", type=Path, metavar="FILE.yaml", help="write it as an editable cluster file"
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_topology)
 

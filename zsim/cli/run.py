@@ -11,7 +11,7 @@ from typing import Any
 from zsim.cli.output import EXIT_DOES_NOT_FIT, EXIT_OK, write_output
 from zsim.cluster.device import DeviceProfile
 from zsim.cluster.topology import Topology
-from zsim.errors import InputError
+from zsim.errors import InputError, require
 from zsim.inputs import presets
 from zsim.inputs.scenario import build_model, build_parallel, check_layout
 from zsim.memory import peak_ledger
@@ -128,6 +128,11 @@ def cmd_memory(args: argparse.Namespace) -> int:
     if len(stages) < len(ZeroStage):
         notes.append("pp > 1: ZeRO-2 and ZeRO-3 left out (DeepSpeed's pipeline takes 0 or 1)")
     ledgers = {s: peak_ledger(model, with_stage(cfg, s)) for s in stages}
+    if model.kind is ModelKind.PARAMS_ONLY:
+        notes.append(
+            "--params gives no shape: activations are not counted, so `fits` covers model "
+            "states and buffers only (give --model for the whole ledger)"
+        )
     report = render.memory_report(model, cfg, device, ledgers)
     if args.json:
         print(json.dumps(report | {"notes": notes}, indent=2))
@@ -169,11 +174,14 @@ def _device(args: argparse.Namespace, topology: Topology) -> DeviceProfile:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    defaults = [
-        f"--{k.replace('_', '-')} {v}"
-        for k, v in _run_defaults(args).items()
-        if not (k == "model" and args.params)
-    ]
+    require(
+        args.params is None,
+        "params",
+        args.params,
+        "a model shape for zsim run (--model, shape flags): a parameter count alone sizes "
+        "memory (zsim memory --params), not kernels",
+    )
+    defaults = [f"--{k.replace('_', '-')} {v}" for k, v in _run_defaults(args).items()]
     for key, value in _run_defaults(args).items():
         setattr(args, key, value)
     topology = presets.topology(args.topology)

@@ -7,7 +7,7 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from zsim.errors import InputError, positive_int, require
+from zsim.errors import InputError, choose, positive_int, require
 
 GRAMMAR = (
     "NxG-FABRIC[-RATE]: N nodes of G GPUs, e.g. 2x4-ethernet, 2x2-cpu-1gbit (RATE: kbit/mbit/gbit)"
@@ -32,9 +32,13 @@ class ClusterName:
 
 def parse_cluster_name(name: str, fabrics: Collection[str]) -> ClusterName:
     match = _NAME.match(name)
-    if not match or match.group(3) not in fabrics:
+    if not match:
         raise InputError("topology", name, f"{GRAMMAR}; fabrics: {', '.join(sorted(fabrics))}")
     nodes, gpus, fabric, rate, unit = match.groups()
+    try:
+        fabric = choose("topology fabric", fabric, sorted(fabrics))
+    except InputError as exc:
+        raise InputError("topology", name, f"{GRAMMAR}; {exc.allowed}") from None
     bits = None if rate is None else float(rate) * _RATE_SCALE[unit]
     require(bits is None or bits > 0, "topology", name, "a positive rate")
     return ClusterName(

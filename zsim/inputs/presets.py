@@ -3,6 +3,7 @@ topologies (fabric presets under `topologies/`, named by the NxG-fabric grammar)
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from functools import cache
 from pathlib import Path
@@ -12,8 +13,8 @@ from zsim.cluster.fabric import FabricSpec, fabric_from_mapping
 from zsim.cluster.gpu_spec import profile_from_spec
 from zsim.cluster.names import parse_cluster_name
 from zsim.cluster.topology import Topology, build_topology
-from zsim.errors import InputError, positive_int, require
-from zsim.inputs.files import data_dir, load_csv, load_mapping
+from zsim.errors import choose, positive_int, require
+from zsim.inputs.files import data_dir, load_csv, load_mapping, read_text
 
 
 def _gpu_dir() -> Path:
@@ -27,8 +28,7 @@ def gpu_names() -> list[str]:
 @cache
 def gpu(name: str) -> DeviceProfile:
     """A built-in GPU profile by name (e.g. `a100-80gb`)."""
-    if name not in gpu_names():
-        raise InputError("gpu", name, "one of " + ", ".join(gpu_names()))
+    name = choose("gpu", name, gpu_names())
     spec = load_mapping(_gpu_dir() / f"{name}.yaml", "gpu")
     measured_on = None
     if "efficiency_from" in spec:
@@ -51,8 +51,7 @@ def fabric_names() -> list[str]:
 @cache
 def fabric(name: str) -> FabricSpec:
     """A fabric preset by name (e.g. `dgx-a100`): one node type and its network."""
-    if name not in fabric_names():
-        raise InputError("fabric", name, "one of " + ", ".join(fabric_names()))
+    name = choose("fabric", name, fabric_names())
     data = load_mapping(_topology_dir() / f"{name}.yaml", "topology")
     data.pop("nodes", None)
     return fabric_from_mapping(data, name, gpu_names())
@@ -74,6 +73,20 @@ def topology(name_or_path: str) -> Topology:
     return build_topology(name_or_path, spec, parsed.nodes, parsed.gpus_per_node)
 
 
+def cluster_file_text(name: str) -> str:
+    """An editable cluster file for a `NxG-fabric[-RATE]` name: the fabric preset's YAML
+    (its comments and sources kept) with `nodes`, one `gpus_per_node` and the NIC rate set."""
+    parsed = parse_cluster_name(name, fabric_names())
+    text = read_text(_topology_dir() / f"{parsed.fabric}.yaml", "topology")
+    head = f"# {name}: written by `zsim topology {name} --emit`; edit freely.\n"
+    lines = f"nodes: {parsed.nodes}\ngpus_per_node: {parsed.gpus_per_node}"
+    text = re.sub(r"^gpus_per_node:.*$", lines, text, count=1, flags=re.MULTILINE)
+    if parsed.nic_rate_bytes_per_s is not None:
+        rate = f"rate_Gbps: {parsed.nic_rate_bytes_per_s * 8 / 1e9:g}"
+        text = re.sub(r"rate_Gbps:\s*[0-9.e+]+", rate, text, count=1)
+    return head + text
+
+
 def _topology_file(path: Path) -> Topology:
     data = load_mapping(path, "topology")
     nodes = data.pop("nodes", None)
@@ -82,7 +95,8 @@ def _topology_file(path: Path) -> Topology:
         nodes is not None and len(spec.gpus_per_node) == 1,
         f"{path.name}:nodes/gpus_per_node",
         f"nodes={nodes}, gpus_per_node={list(spec.gpus_per_node)}",
-        "a cluster file gives `nodes` and one `gpus_per_node`",
+        "a cluster file gives `nodes: N` and one `gpus_per_node` (a fabric preset copied "
+        "as it is has neither: `zsim topology 2x8-FABRIC --emit FILE` writes one to edit)",
     )
     return build_topology(
         path.stem, spec, positive_int(f"{path.name}:nodes", nodes), spec.gpus_per_node[0]

@@ -64,8 +64,12 @@ def parse_choice(field: str, text: str | None, enum: type[Any]) -> Any:
 def build_model(
     name: str | None = None, params: str | None = None, **shape: str | None
 ) -> ModelSpec:
-    """A model from a preset, a parameter count, or shape flags over a preset (default
-    gpt-125m when only shape flags are given)."""
+    """A model from a preset (`PRESET[:key=value,...]`, the grammar everywhere), a parameter
+    count, or shape flags over a preset (default gpt-125m when only shape flags are given);
+    flags win over the name's keys."""
+    if name is not None and ":" in name:
+        name, written = _shape_of(name)
+        shape = written | {k: v for k, v in shape.items() if v is not None}
     sizes = {k: parse_int(k, v) for k, v in shape.items()}
     if params is not None:
         require(
@@ -92,6 +96,10 @@ _SHAPE_KEYS = ("layers", "hidden", "heads", "ffn-hidden", "seq-len", "vocab", "k
 
 def parse_model(text: str) -> ModelSpec:
     """`PRESET[:key=value,...]` -> a ModelSpec (keys as the shape flags: seq-len, hidden, ...)."""
+    return build_model(text, None)
+
+
+def _shape_of(text: str) -> tuple[str, dict[str, str | None]]:
     name, _, rest = text.partition(":")
     shape: dict[str, str | None] = {}
     for item in filter(None, rest.split(",")):
@@ -103,7 +111,7 @@ def parse_model(text: str) -> ModelSpec:
             f"PRESET[:key=value,...] with keys {', '.join(_SHAPE_KEYS)}",
         )
         shape[key.replace("-", "_")] = value
-    return build_model(name, None, **shape)
+    return name, shape
 
 
 def build_parallel(

@@ -36,7 +36,11 @@ def timeline(
         *spans,
         *(Span(p.rank, p.stream, p.name, p.category, p.start_s, p.end_s) for p in passes),
     ]
-    ranks = sorted({s.rank for s in spans})[:max_ranks]
+    every = sorted({s.rank for s in spans})
+    ranks = _spread(every, max_ranks)
+    if len(ranks) < len(every):
+        shown = ", ".join(map(str, ranks))
+        title += f"\n{len(ranks)} of {len(every)} simulated ranks shown: {shown}"
     lanes = [
         (r, st)
         for r in ranks
@@ -64,6 +68,14 @@ def timeline(
     )
     fig.tight_layout()
     return fig
+
+
+def _spread(ranks: list[int], most: int) -> list[int]:
+    """At most `most` ranks, evenly spread from the first to the last."""
+    if len(ranks) <= most:
+        return ranks
+    picks = {round(i * (len(ranks) - 1) / (most - 1)) for i in range(most)}
+    return [ranks[i] for i in sorted(picks)]
 
 
 def _time_unit(end_s: float) -> tuple[float, str]:

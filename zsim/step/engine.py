@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import simpy
 
@@ -159,7 +160,7 @@ class Engine:
         links = self.traffic.by_link_class()
         return EngineResult(self.spans, self.env.now, self.ranks, per_rank, links, self.passes)
 
-    def stream(self, rank: int, tasks: list[Task]) -> Generator[simpy.Event, None, None]:
+    def stream(self, rank: int, tasks: list[Task]) -> Generator[simpy.Event, Any, None]:
         """One stream of one rank: its tasks in issue order, each after its dependencies."""
         for task in tasks:
             waiting = [e for d in task.deps if not (e := self.done[(rank, d.index)]).processed]
@@ -169,7 +170,9 @@ class Engine:
             if task.comm is None:
                 yield self.env.timeout(task.duration_s * self.kernel_factor(rank, task))
             else:
-                yield self.communicate(rank, task)
+                value = yield self.communicate(rank, task)
+                if task.comm.op is not CollectiveOp.SEND_RECV:
+                    start = value  # its launch: waiting for the group's other members is idle
             if task.parts:
                 self.record_parts(rank, task, start)
             else:
@@ -273,8 +276,9 @@ class Engine:
             self.call(comm.op, comm.nbytes, group, comm.root)
             for group in self.contending_replicas(members, comm)
         ]
+        launched = self.env.now
         yield self.comms.run(call, replicas)
-        done.succeed()
+        done.succeed(launched)
 
     def send_replicas(self, rank: int, offset: int) -> list[tuple[int, int]]:
         """The other (dp, tp) replicas' sends of the same activation, where they share links."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from zsim.errors import InputError, require
+from zsim.errors import choose, require
 from zsim.workload.model import ModelKind, ModelSpec
 
 
@@ -67,9 +67,7 @@ PRESETS: dict[str, ModelSpec] = {
 
 
 def preset(name: str) -> ModelSpec:
-    if name not in PRESETS:
-        raise InputError("model", name, "one of " + ", ".join(PRESETS))
-    return PRESETS[name]
+    return PRESETS[choose("model", name, list(PRESETS))]
 
 
 def from_params(params: float) -> ModelSpec:
@@ -80,8 +78,9 @@ def from_params(params: float) -> ModelSpec:
         params,
         "a positive whole number of parameters, e.g. 7.5e9",
     )
+    scale, unit = (1e12, "T") if params >= 1e12 else (1e9, "B") if params >= 1e9 else (1e6, "M")
     return ModelSpec(
-        f"{params:.3g}-params",
+        f"{params / scale:.3g}{unit}-params",
         ModelKind.PARAMS_ONLY,
         layers=1,
         hidden=1,

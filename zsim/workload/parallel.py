@@ -6,6 +6,7 @@ read from and written to a real `ds_config.json` in `zsim.workload.ds_config`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from enum import IntEnum, StrEnum
 from typing import Any
@@ -228,11 +229,21 @@ def resolve_batch(
             positive_int(name, value)
     if global_batch is None:
         return micro_batch or 1, grad_accum or 1
+    given = [(n, v) for n, v in (("micro_batch", micro_batch), ("grad_accum", grad_accum)) if v]
+    per_sample = math.prod(v for _, v in given) * dp  # what the batch must be a multiple of
+    if len(given) < 2 and (global_batch % per_sample or global_batch < per_sample):
+        factors = " x ".join([*(f"{n} {v}" for n, v in given), f"dp {dp}"])
+        raise InputError(
+            "global_batch",
+            global_batch,
+            f"a multiple of {factors} = {per_sample} (train_batch_size = micro_batch_per_gpu "
+            "x gradient_accumulation_steps x dp)",
+        )
     if micro_batch is None:
         micro_batch = global_batch // dp // (grad_accum or 1)
     if grad_accum is None:
-        grad_accum = global_batch // micro_batch // dp if micro_batch else 0
-    if micro_batch < 1 or grad_accum < 1 or micro_batch * grad_accum * dp != global_batch:
+        grad_accum = global_batch // micro_batch // dp
+    if micro_batch * grad_accum * dp != global_batch:
         raise InputError(
             "global_batch",
             global_batch,
