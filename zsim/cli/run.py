@@ -13,7 +13,7 @@ from zsim.cluster.device import DeviceProfile
 from zsim.cluster.topology import Topology
 from zsim.errors import InputError, require
 from zsim.inputs import presets
-from zsim.inputs.scenario import build_model, build_parallel, check_layout
+from zsim.inputs.scenario import build_model, build_parallel, check_layout, parse_int
 from zsim.memory import peak_ledger
 from zsim.outputs import render
 from zsim.simulation import simulate
@@ -186,7 +186,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         setattr(args, key, value)
     topology = presets.topology(args.topology)
     model = _model_from(args)
-    tp, pp = (int(x) if x else 1 for x in (args.tp, args.pp))
+    tp, pp = (parse_int(name, x) or 1 for name, x in (("tp", args.tp), ("pp", args.pp)))
     world = topology.world_size
     dp = args.dp or (str(world // (tp * pp)) if world % (tp * pp) == 0 else None)
     if dp is None:

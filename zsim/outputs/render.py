@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -14,7 +15,9 @@ from zsim.simulation import Report
 from zsim.workload.model import ModelKind, ModelSpec
 from zsim.workload.parallel import ParallelConfig, ZeroStage
 
-_console = Console(highlight=False)
+# piped output is not cut to 80 columns (rich's default without a terminal); a narrow
+# terminal wraps cells instead of truncating them
+_console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
 LEDGER_ROWS = (
     "parameters",
@@ -162,7 +165,7 @@ def print_rows(rows: Sequence[Mapping[str, Any]], title: str) -> None:
         return
     table = Table(title=title)
     for key in rows[0]:
-        table.add_column(key)
+        table.add_column(key, overflow="fold")
     for row in rows:
         table.add_row(*("" if v is None else str(v) for v in row.values()))
     _console.print(table)

@@ -80,10 +80,14 @@ def _parity(ax: Any, rows: Sequence[Compared]) -> None:
         alpha=0.25,
         label=f"±{PARITY_BAND:.0%}",
     )
-    for measured, p, label in points:
+    for number, (measured, p, _) in enumerate(points, start=1):
         err = [[p.step_time_s - p.low_s], [p.high_s - p.step_time_s]]
         ax.errorbar(measured, p.step_time_s, yerr=err, fmt="o", capsize=3, color="tab:orange")
-        ax.annotate(label, (measured, p.step_time_s), textcoords="offset points", xytext=(5, 5))
+        # points of similar time sit on each other: numbers at alternating sides, names in a key
+        side = (6, 4) if number % 2 else (-12, -10)
+        ax.annotate(str(number), (measured, p.step_time_s), textcoords="offset points", xytext=side)
+    key = "\n".join(f"{n}  {label}" for n, (*_, label) in enumerate(points, start=1))
+    ax.text(0.98, 0.02, key, transform=ax.transAxes, ha="right", va="bottom", fontsize=7)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(lo, hi)

@@ -81,8 +81,9 @@ def from_ds_config(
 ) -> ParallelConfig:
     """A ParallelConfig from a DeepSpeed config dict; dp from the argument or the batch rule."""
     require(isinstance(ds, dict), "ds_config", type(ds).__name__, "a JSON object")
-    zero = ds.get("zero_optimization", {}) or {}
-    require(isinstance(zero, dict), "zero_optimization", zero, "a JSON object")
+    zero = ds.get("zero_optimization", {})
+    require(isinstance(zero, dict | None), "zero_optimization", zero, "a JSON object")
+    zero = zero or {}
     stage = _no_auto("zero_optimization.stage", zero.get("stage", 0))
     require(
         stage in (0, 1, 2, 3) and not isinstance(stage, bool),
@@ -98,6 +99,9 @@ def from_ds_config(
             "gradient_accumulation_steps",
         )
     }
+    for key, value in batch.items():
+        if value is not None:
+            batch[key] = positive_int(key, value)
     if dp is None:
         dp = _dp_from_batch(batch)
     micro, accum = resolve_batch(
