@@ -21,8 +21,9 @@ from pathlib import Path
 
 from results_md import write_block
 
+from zsim.cluster.device import ADAM_STEP_BYTES_PER_PARAM
+
 MD_OUT = Path(__file__).resolve().parent / "results" / "cpu_adam.md"
-BYTES_PER_PARAM = 28  # 4 fp32 arrays read, 3 written
 SIZES = (25_000_000, 50_000_000, 100_000_000)
 REPEATS = 9
 
@@ -62,10 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     fractions = []
     for numel in SIZES:
         rate, copy = measure(numel)
-        fraction = rate * BYTES_PER_PARAM / copy
+        fraction = rate * ADAM_STEP_BYTES_PER_PARAM / copy
         fractions.append(fraction)
         rows.append(
-            f"| {numel:,} | {rate / 1e6:,.0f} | {rate * BYTES_PER_PARAM / 1e9:.1f} "
+            f"| {numel:,} | {rate / 1e6:,.0f} | {rate * ADAM_STEP_BYTES_PER_PARAM / 1e9:.1f} "
             f"| {copy / 1e9:.1f} | {fraction:.2f} |"
         )
         print(rows[-1], file=sys.stderr, flush=True)

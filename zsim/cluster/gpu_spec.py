@@ -10,13 +10,12 @@ from typing import Any
 
 import numpy as np
 
-from zsim.cluster.device import GB, ComputeRates, DeviceProfile, GiB
+from zsim.cluster.device import ADAM_STEP_BYTES_PER_PARAM, GB, ComputeRates, DeviceProfile, GiB
 from zsim.errors import positive_number, require
 
-# DeepSpeedCPUAdam streams 7 fp32 arrays per step (`Step_AVX`: parameters, gradients and both
-# moments read; parameters and moments written) and moves them at 0.95 of a plain copy's
+# DeepSpeedCPUAdam streams ADAM_STEP_BYTES_PER_PARAM per step (`Step_AVX`: fp32 parameters,
+# gradients and both moments read; parameters and moments written) at 0.95 of a plain copy's
 # bandwidth (benchmarks/results/cpu_adam.md, measured with DeepSpeed 0.19.8 on CPU)
-CPU_ADAM_BYTES_PER_PARAM = 28
 CPU_ADAM_COPY_FRACTION = 0.95
 
 
@@ -31,7 +30,7 @@ def host_adam_params_per_s(spec: Mapping[str, Any]) -> float:
     require(isinstance(host, Mapping), f"{name}.host", host, "memory_GBps and gpus")
     bandwidth = positive_number(f"{name}.host.memory_GBps", host.get("memory_GBps")) * GB
     gpus = positive_number(f"{name}.host.gpus", host.get("gpus"))
-    return CPU_ADAM_COPY_FRACTION * bandwidth / gpus / CPU_ADAM_BYTES_PER_PARAM
+    return CPU_ADAM_COPY_FRACTION * bandwidth / gpus / ADAM_STEP_BYTES_PER_PARAM
 
 
 def fit_gemm(shapes_tflops: list[tuple[int, int, int, float]]) -> tuple[float, float]:
