@@ -188,3 +188,58 @@ def test_memory_with_no_stage_that_fits_exits_3(capsys):
 
 def test_a_layout_that_fits_exits_0():
     assert main(["run", "--model", "gpt-125m", "--topology", "1x8-nvlink"]) == 0
+
+
+# ---- 7. the smaller things -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "meant"),
+    [("h100", "h100-sxm"), ("H200", "h200"), ("A100-80GB", "a100-80gb")],
+)
+def test_gpu_aliases(given, meant):
+    assert presets.gpu(given).name == meant
+
+
+def test_a_typo_is_answered_with_the_closest_names(capsys):
+    assert main(["run", "--model", "lama-7b"]) == 2
+    assert "did you mean llama-7b" in capsys.readouterr().err
+
+
+def test_one_model_grammar_for_run_and_memory(capsys):
+    _, out = run_json(capsys, ["run", "--model", "gpt-125m:seq-len=1024,layers=6"])
+    assert (out["model"]["seq_len"], out["model"]["layers"]) == (1024, 6)
+    _, out = run_json(capsys, ["memory", "--model", "gpt-125m:layers=6", "--layers", "4"])
+    assert out["model"]["layers"] == 4  # a flag wins over the name's key
+
+
+def test_an_emitted_cluster_file_is_the_named_cluster(capsys, tmp_path):
+    path = tmp_path / "cluster.yaml"
+    _, named = run_json(capsys, ["topology", "4x8-dgx-h100-200gbit", "--emit", str(path)])
+    _, loaded = run_json(capsys, ["topology", str(path)])
+    for key in ("name", "fabric", "emitted"):
+        named.pop(key, None)
+        loaded.pop(key, None)
+    assert loaded == named
+
+
+def test_piped_tables_keep_their_headers_whole():
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "zsim", "gpus"], capture_output=True, text=True, check=True
+    )
+    assert "peak_16bit_TFLOPS" in done.stdout
+    assert "…" not in done.stdout.splitlines()[2]  # the header row
+
+
+def test_the_timeline_says_which_ranks_it_shows():
+    from zsim.outputs.timeline import timeline
+
+    cfg = ParallelConfig(tp=2, pp=8, grad_accum=8, micro_batch=1)
+    report = simulate(
+        preset("gpt-1.3b"), cfg, presets.topology("2x8-dgx-a100"), presets.gpu("h100")
+    )
+    fig = timeline(report.engine.spans, "t", passes=report.engine.passes)
+    assert "4 of 8 simulated ranks shown: 0, 4, 10, 14" in fig.axes[0].get_title()
