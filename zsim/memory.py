@@ -12,10 +12,11 @@ gradient partition its optimizer step builds count too, outside the model states
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import functools
+from dataclasses import dataclass, fields, replace
 
 from zsim.step import zero3
-from zsim.workload.layout import rank_layers
+from zsim.workload.layout import rank_layers, stage_layers
 from zsim.workload.model import Layer, LayerKind, ModelKind, ModelSpec
 from zsim.workload.parallel import (
     STAGE0_ALLREDUCE_BUCKET_NUMEL,
@@ -130,17 +131,12 @@ def in_flight_micro_batches(cfg: ParallelConfig, pipeline_stage: int = 0) -> flo
 _SELECTIVE_DROPS = ("softmax_output", "softmax_dropout_mask", "dropped_softmax")
 
 
-def activation_bytes(
-    model: ModelSpec, cfg: ParallelConfig, layers: tuple[Layer, ...], pipeline_stage: int = 0
-) -> float:
+def activation_bytes(model: ModelSpec, cfg: ParallelConfig, pipeline_stage: int = 0) -> float:
     """Activations of one pipeline stage at its peak (see `in_flight_micro_batches`)."""
-    per_layer = []
     shard = Shard.of(cfg)
-    for layer in layers:
-        saved = saved_tensors(model, layer, shard)
-        if cfg.recompute is Recompute.SELECTIVE and layer.kind is LayerKind.BLOCK:
-            saved = {k: v for k, v in saved.items() if k not in _SELECTIVE_DROPS}
-        per_layer.append((layer.kind, sum(saved.values())))
+    selective = cfg.recompute is Recompute.SELECTIVE
+    split = (cfg.pp, cfg.virtual_stages, pipeline_stage)
+    per_layer = list(_stage_saved(model, split, shard, selective))
     if pipeline_stage == cfg.pp - 1:
         loss = loss_saved_bytes(model, cfg.micro_batch, cfg.precision.bytes)
         per_layer.append((LayerKind.HEAD, loss))  # kept under full recompute too
@@ -156,7 +152,34 @@ def activation_bytes(
     return sum(b for _, b in per_layer) * in_flight_micro_batches(cfg, pipeline_stage)
 
 
-def comm_buffer_bytes(model: ModelSpec, cfg: ParallelConfig, layers: tuple[Layer, ...]) -> float:
+@functools.lru_cache(maxsize=8192)  # a planner's layouts share few (split, shard) pairs
+def _stage_saved(
+    model: ModelSpec, split: tuple[int, int, int], shard: Shard, selective: bool
+) -> tuple[tuple[LayerKind, float], ...]:
+    """What each layer of a (pp, virtual stages, stage) rank saves for its backward
+    (selective recompute drops attention's core)."""
+    pp, virtual, stage = split
+    out = []
+    for layer in (
+        x for c in range(virtual) for x in stage_layers(model, pp * virtual, c * pp + stage)
+    ):
+        saved = saved_tensors(model, layer, shard)
+        if selective and layer.kind is LayerKind.BLOCK:
+            saved = {k: v for k, v in saved.items() if k not in _SELECTIVE_DROPS}
+        out.append((layer.kind, sum(saved.values())))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=4096)
+def _stage_params(model: ModelSpec, pp: int, virtual: int, stage: int, tp: int) -> int:
+    """Parameters one TP rank of a pipeline stage holds."""
+    chunks = (stage_layers(model, pp * virtual, c * pp + stage) for c in range(virtual))
+    return sum(x.params(tp) for chunk in chunks for x in chunk)
+
+
+def comm_buffer_bytes(
+    model: ModelSpec, cfg: ParallelConfig, layers: tuple[Layer, ...], params: float
+) -> float:
     """DeepSpeed's communication buffers on one rank, at the end of a backward.
 
     Measured on DeepSpeed 0.19 (held tensors, byte-exact):
@@ -168,7 +191,6 @@ def comm_buffer_bytes(model: ModelSpec, cfg: ParallelConfig, layers: tuple[Layer
       keeps gathered: with the default reuse distance the whole model (under 1e9 elements) is
       gathered by the end of a forward (replayed by `zsim.step.zero3`).
     """
-    params = sum(layer.params(cfg.tp) for layer in layers)
     b = cfg.precision.bytes
     stage = cfg.zero_stage
     if stage is ZeroStage.NONE:
@@ -206,6 +228,13 @@ def zero3_gathered_numel(model: ModelSpec, cfg: ParallelConfig, layers: tuple[La
     DeepSpeed's coordinator over a micro-step; unknown (0) for a bare parameter count."""
     if model.kind is ModelKind.PARAMS_ONLY:
         return 0
+    # the coordinator's replay depends on the modules' order and sizes, not on the batch or dp
+    same = replace(cfg, dp=1, micro_batch=1, grad_accum=1, offload=Offload.NONE)
+    return _gathered_numel(model, same, layers)
+
+
+@functools.lru_cache(maxsize=1024)
+def _gathered_numel(model: ModelSpec, cfg: ParallelConfig, layers: tuple[Layer, ...]) -> int:
     trace = zero3.module_trace(model, cfg, layers)
     persistent = sum({u.key: u.span - u.numel for u in trace}.values())
     return zero3.replay(trace, cfg.knobs).peak_available_numel - persistent
@@ -215,23 +244,29 @@ def zero3_persistent_bytes(cfg: ParallelConfig, layers: tuple[Layer, ...]) -> fl
     """Stage 3 keeps small parameters (<= stage3_param_persistence_threshold elements) whole
     on every rank, beside their partition (`ds_persist`, partition_parameters.py)."""
     threshold = cfg.knobs.param_persistence_threshold
-    sizes = [t.per_rank(cfg.tp) for layer in layers for t in layer.tensors]
-    return sum(-(-n // cfg.dp) * cfg.dp for n in sizes if n <= threshold) * cfg.precision.bytes
+    sizes = _persistent_sizes(layers, cfg.tp, threshold)
+    return sum(-(-n // cfg.dp) * cfg.dp for n in sizes) * cfg.precision.bytes
+
+
+@functools.lru_cache(maxsize=1024)
+def _persistent_sizes(layers: tuple[Layer, ...], tp: int, threshold: int) -> tuple[int, ...]:
+    sizes = (t.per_rank(tp) for layer in layers for t in layer.tensors)
+    return tuple(n for n in sizes if n <= threshold)
 
 
 def ledger(model: ModelSpec, cfg: ParallelConfig, pipeline_stage: int = 0) -> MemoryLedger:
     """The ledger of one rank of `pipeline_stage`."""
     layers = rank_layers(model, cfg, pipeline_stage)
-    params = sum(layer.params(cfg.tp) for layer in layers)
+    params = _stage_params(model, cfg.pp, cfg.virtual_stages, pipeline_stage, cfg.tp)
     p, g, o, host = model_state_bytes(params, cfg)
     if cfg.zero_stage is ZeroStage.PARAMETERS and model.kind is not ModelKind.PARAMS_ONLY:
         p += zero3_persistent_bytes(cfg, layers)
     acts = (
         None
         if model.kind is ModelKind.PARAMS_ONLY
-        else activation_bytes(model, cfg, layers, pipeline_stage)
+        else activation_bytes(model, cfg, pipeline_stage)
     )
-    comm = comm_buffer_bytes(model, cfg, layers)
+    comm = comm_buffer_bytes(model, cfg, layers, params)
     return MemoryLedger(p, g, o, acts, comm, step_buffer_bytes(params, cfg), host)
 
 

@@ -7,7 +7,7 @@ same placement and the same recompute policy.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 
 from zsim.workload.model import ComputeOp, Layer, LayerKind, ModelKind, ModelSpec
 from zsim.workload.parallel import ParallelConfig, Recompute
@@ -18,6 +18,7 @@ RECOMPUTED = (LayerKind.BLOCK, LayerKind.LINEAR)  # what full recompute checkpoi
 SELECTIVE_OPS = ("attn_scores", "softmax_dropout", "attn_values")
 
 
+@lru_cache(maxsize=8192)  # a planner asks for the same splits of one model thousands of times
 def stage_layers(model: ModelSpec, stages: int, stage: int) -> tuple[Layer, ...]:
     """The modules of one (virtual) pipeline stage: blocks split evenly, embedding first,
     head last.

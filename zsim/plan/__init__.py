@@ -1,0 +1,1 @@
+"""The planner: which layout to run, ranked by the simulator."""

@@ -1,0 +1,76 @@
+"""A plan's winner as files to run: its ds_config.json and the launcher lines.
+
+The ds_config holds DeepSpeed's keys (`workload.ds_config.to_ds_config`: the batch rule
+satisfied, the ZeRO stage, buckets, offload, precision); tensor and pipeline parallelism are
+the training script's: Megatron-DeepSpeed's flags when the Megatron engine won, DeepSpeed's
+PipelineModule (`num_stages`) otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zsim.workload.ds_config import to_ds_config
+from zsim.workload.model import ModelKind, ModelSpec
+from zsim.workload.parallel import PipelineEngine, PipelineSchedule, Recompute
+
+
+def ds_config(cfg: Any) -> dict[str, Any]:
+    ds = to_ds_config(cfg)
+    if cfg.recompute is not Recompute.NONE:
+        ds["activation_checkpointing"] = {"partition_activations": False}
+    return ds
+
+
+def launch_lines(model: ModelSpec, cfg: Any, nodes: int, gpus_per_node: int) -> list[str]:
+    """Shell lines that start the planned job (the training script is the user's)."""
+    head = [
+        "#!/usr/bin/env bash",
+        f"# {model.name} on {nodes} node(s) x {gpus_per_node} GPUs, planned by zsim.",
+        "# Run on every node; set MASTER_ADDR (node 0) and NODE_RANK per node.",
+        "set -euo pipefail",
+    ]
+    rendezvous = (
+        f"--nnodes {nodes} --nproc_per_node {gpus_per_node} "
+        '--node_rank "${NODE_RANK:-0}" --master_addr "${MASTER_ADDR:-127.0.0.1}" '
+        "--master_port 29500"
+    )
+    if (cfg.pp > 1 and cfg.pipeline_engine is PipelineEngine.MEGATRON) or cfg.tp > 1:
+        return [*head, f"torchrun {rendezvous} pretrain_gpt.py \\", *_megatron(model, cfg)]
+    stages = f" --num-stages {cfg.pp}" if cfg.pp > 1 else ""
+    return [
+        *head,
+        f"torchrun {rendezvous} train.py --deepspeed --deepspeed_config ds_config.json{stages}",
+    ]
+
+
+def _megatron(model: ModelSpec, cfg: Any) -> list[str]:
+    flags = [
+        f"--tensor-model-parallel-size {cfg.tp}",
+        f"--pipeline-model-parallel-size {cfg.pp}",
+        f"--micro-batch-size {cfg.micro_batch}",
+        f"--global-batch-size {cfg.global_batch}",
+    ]
+    if model.kind is ModelKind.TRANSFORMER:
+        flags += [
+            f"--num-layers {model.layers}",
+            f"--hidden-size {model.hidden}",
+            f"--num-attention-heads {model.heads}",
+            f"--seq-length {model.seq_len}",
+            f"--max-position-embeddings {model.seq_len}",
+        ]
+    if cfg.pp_schedule is PipelineSchedule.INTERLEAVED:
+        layers = model.layers // (cfg.pp * cfg.virtual_stages)
+        flags.append(f"--num-layers-per-virtual-pipeline-stage {layers}")
+    if cfg.sequence_parallel:
+        flags.append("--sequence-parallel")
+    if cfg.flash_attention:
+        flags.append("--use-flash-attn")
+    if cfg.recompute is Recompute.FULL:
+        flags.append("--recompute-granularity full --recompute-method uniform")
+    elif cfg.recompute is Recompute.SELECTIVE:
+        flags.append("--recompute-granularity selective")
+    if cfg.precision.mixed:
+        flags.append(f"--{cfg.precision}")
+    flags.append("--deepspeed --deepspeed_config ds_config.json")
+    return [f"    {flag} \\" for flag in flags[:-1]] + [f"    {flags[-1]}"]

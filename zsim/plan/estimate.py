@@ -1,0 +1,251 @@
+"""The planner's fast tier: a step's time in closed form, from the simulator's own parts.
+
+Per layer, the forward and backward times are the fused-pass templates the step builder makes
+(`LayerKernels.pass_template`: the same kernel model, Megatron's TP collectives at their
+closed-form times); every collective is its plan's closed form (`zsim.network.plans`). What
+this tier adds is only how the pieces compose, each rule from the schedule it stands for:
+
+- pipeline: (m + p - 1) passes of the slowest stage for GPipe and 1F1B, the fill and drain
+  shortened by v with interleaving (Narayanan et al. 2021, sec. 2.2), plus the sends of the
+  fill and drain (and of every micro-batch for DeepSpeed's blocking engine);
+- data parallelism: the reductions DeepSpeed issues per ZeRO stage (`step.zero_reduce`):
+  exposed whole when they run on the compute stream, beyond the backward they overlap when
+  overlap_comm puts them on their own stream; ZeRO-3's gathers beyond the compute they
+  prefetch behind; then the norm, the Adam step (or its offload) and the post-step gather.
+
+No flow contention: two collectives that share links are timed as if alone, so the tier is
+optimistic where links are shared; the discrete-event simulation ranks its best candidates.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import simpy
+
+from zsim.cluster.device import ADAM_STEP_BYTES_PER_PARAM, DeviceProfile
+from zsim.cluster.fabric import Backend
+from zsim.cluster.grid import RankGrid
+from zsim.cluster.topology import Topology
+from zsim.network.collective import CollectiveCall, CollectiveOp
+from zsim.network.communicator import Communicator
+from zsim.step.job import StageJob
+from zsim.step.kernels import LayerKernels
+from zsim.step.optimizer import step_passes
+from zsim.step.program import Comm
+from zsim.workload.model import Layer, ModelSpec
+from zsim.workload.parallel import (
+    STAGE0_ALLREDUCE_BUCKET_NUMEL,
+    Offload,
+    ParallelConfig,
+    PipelineEngine,
+    PipelineSchedule,
+    ZeroStage,
+)
+from zsim.workload.shapes import forward_flops
+
+_SIZES = (2.0**27, 2.0**30)  # two large sizes: a collective's closed form is a + b x bytes
+
+
+@dataclass(frozen=True)
+class Estimate:
+    step_s: float
+    compute_s: float  # the slowest stage's passes over all micro-batches
+    exposed_comm_s: float  # data-parallel communication not hidden behind compute
+    bubble_s: float  # pipeline fill and drain, sends on the critical path
+    optimizer_s: float
+    tokens_per_s: float
+    mfu: float
+    dp_traffic_bytes: float  # what one GPU sends in data-parallel collectives per step
+
+
+class Estimator:
+    """Closed-form step times for many layouts of one model on one cluster; what layouts
+    share (a layer's pass at a TP width and micro-batch, a collective's line) is computed
+    once."""
+
+    def __init__(self, model: ModelSpec, topology: Topology, device: DeviceProfile) -> None:
+        self.model, self.topology, self.device = model, topology, device
+        self.comms = Communicator(simpy.Environment(), topology)
+        self.gloo = topology.fabric.backend is Backend.GLOO
+        self._passes: dict[tuple[object, ...], tuple[float, float]] = {}
+        self._lines: dict[tuple[CollectiveOp, int], tuple[float, float]] = {}
+        self._stages: dict[tuple[object, ...], tuple[float, float, int]] = {}
+        self._groups: dict[tuple[object, ...], tuple[int, ...]] = {}
+        self._flops: dict[object, float] = {}  # forward FLOPs, message sizes, step passes
+
+    # ---- pieces ----
+
+    def collective_s(self, op: CollectiveOp, nbytes: float, group: tuple[int, ...]) -> float:
+        """A collective's closed form, as the line through two large sizes of its plan."""
+        if len(group) == 1 or nbytes <= 0:
+            return 0.0
+        key = (op, id(group))  # groups are cached tuples (`_dp_group`, TP and pipeline pairs)
+        if key not in self._lines:
+            small, large = (
+                self.comms.plan(CollectiveCall(op, s, group)).closed_form_s for s in _SIZES
+            )
+            slope = (large - small) / (_SIZES[1] - _SIZES[0])
+            self._lines[key] = (small - slope * _SIZES[0], slope)
+        intercept, slope = self._lines[key]
+        return intercept + slope * nbytes
+
+    def layer_pass_s(self, job: StageJob, layer: Layer) -> tuple[float, float]:
+        """(forward, backward with any replay) of one layer, as the builder fuses them."""
+        c = job.cfg
+        # a model's layers of one kind have one shape (its blocks are alike)
+        key: tuple[object, ...] = (layer.kind, len(layer.tensors), *_kernel_key(c))
+        if key not in self._passes:
+            tp_group = self._kept(("tp", c.tp), tuple(range(c.tp)))
+
+            def tp_time(comm: Comm) -> float:
+                return self.collective_s(comm.op, comm.nbytes, tp_group)
+
+            kernels = LayerKernels(job, tp_time)
+            forward = kernels.pass_template(layer, True)[1]
+            self._passes[key] = (forward, kernels.pass_template(layer, False)[1])
+        return self._passes[key]
+
+    # ---- a layout ----
+
+    def estimate(self, cfg: ParallelConfig) -> Estimate:
+        grid = RankGrid(dp=cfg.dp, pp=cfg.pp, tp=cfg.tp)
+        stages = [self._stage(cfg, s) for s in range(cfg.pp)]
+        passes = [(f, b) for f, b, _ in stages]
+        slowest = max(f + b for f, b in passes)
+        compute = cfg.grad_accum * slowest
+        bubble = self._bubble(cfg, grid, passes)
+        tails = [self._data_parallel(cfg, grid, s, *stage) for s, stage in enumerate(stages)]
+        exposed, optimizer = max(t[:2] for t in tails)
+        step = compute + bubble + exposed + optimizer
+        flops = 3 * self._forward_flops(cfg.micro_batch) * cfg.grad_accum * cfg.dp
+        peak = self.device.peak_flops.get(str(cfg.precision), 0.0)
+        return Estimate(
+            step,
+            compute,
+            exposed,
+            bubble,
+            optimizer,
+            cfg.global_batch * self.model.seq_len / step,
+            flops / step / cfg.world_size / peak if peak else 0.0,
+            max(t[2] for t in tails),
+        )
+
+    def job(self, cfg: ParallelConfig, stage: int) -> StageJob:
+        return StageJob.of(self.model, cfg, self.device, stage, self.gloo)
+
+    def _stage(self, cfg: ParallelConfig, stage: int) -> tuple[float, float, int]:
+        """(forward, backward of one micro-batch, parameters held) of a pipeline stage's rank,
+        cached by what decides them."""
+        key = (cfg.pp, cfg.virtual_stages, stage, *_kernel_key(cfg))
+        if key not in self._stages:
+            job = self.job(cfg, stage)
+            times = [self.layer_pass_s(job, layer) for chunk in job.chunks for layer in chunk]
+            forward, backward = sum(f for f, _ in times), sum(b for _, b in times)
+            self._stages[key] = (forward, backward, job.params())
+        return self._stages[key]
+
+    def _forward_flops(self, micro_batch: int) -> float:
+        if micro_batch not in self._flops:
+            self._flops[micro_batch] = forward_flops(self.model, micro_batch)
+        return self._flops[micro_batch]
+
+    def _bubble(
+        self, cfg: ParallelConfig, grid: RankGrid, passes: list[tuple[float, float]]
+    ) -> float:
+        if cfg.pp == 1:
+            return 0.0
+        key = ("send", cfg.tp, cfg.micro_batch, cfg.sequence_parallel, cfg.precision)
+        if key not in self._flops:
+            self._flops[key] = self.job(cfg, 0).activation_bytes()
+        pair = self._kept(("pair", grid.dp, grid.pp, grid.tp), (0, grid.rank(0, 1, 0)))
+        send = self.collective_s(CollectiveOp.SEND_RECV, self._flops[key], pair)
+        slowest = max(f + b for f, b in passes)
+        if cfg.pp_schedule is PipelineSchedule.INTERLEAVED:
+            fill = (cfg.pp - 1) * slowest / cfg.virtual_stages
+        else:
+            fill = sum(f + b for f, b in passes) - slowest
+        sends = 2 * (cfg.pp - 1) * send
+        if cfg.pipeline_engine is PipelineEngine.DEEPSPEED:
+            sends += 2 * (cfg.grad_accum - 1) * send  # blocking p2p on the compute stream
+        return fill + sends
+
+    def _data_parallel(
+        self,
+        cfg: ParallelConfig,
+        grid: RankGrid,
+        stage: int,
+        forward: float,
+        backward: float,
+        params: int,
+    ) -> tuple[float, float, float]:
+        """(exposed data-parallel communication, optimizer and post-step time, bytes sent)
+        of one stage's rank."""
+        group = self._dp_group(grid, stage)
+        d, m, dtype, n = cfg.precision.bytes, cfg.grad_accum, str(cfg.precision), cfg.dp
+        padded = -(-params // n) * n
+        exposed = sent = 0.0
+        if n > 1 and cfg.zero_stage is ZeroStage.PARAMETERS:
+            gather = self.collective_s(CollectiveOp.ALL_GATHER, padded * d, group)
+            scatter = self.collective_s(CollectiveOp.REDUCE_SCATTER, padded * d, group)
+            # the buckets' copies run beside the reduce-scatters, on the reduction stream
+            scatter += self.device.copy_time_s(4 * d * params, dtype)
+            per_micro = max(0.0, gather - forward) + max(0.0, gather + scatter - backward)
+            exposed = m * per_micro
+            sent = m * 3 * (n - 1) / n * padded * d  # two gathers and a reduce-scatter
+        elif n > 1:
+            exposed = self._reduce(cfg, group, params, backward)
+            reductions = m if cfg.zero_stage is ZeroStage.GRADIENTS else 1
+            sent = reductions * 2 * (n - 1) / n * params * d  # all-reduces
+        shard = params / (n if cfg.zero_stage >= ZeroStage.OPTIMIZER else 1)
+        optimizer = self._optimizer(cfg, stage, shard)
+        if n > 1 and cfg.zero_stage in (ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS):
+            optimizer += self.collective_s(CollectiveOp.ALL_GATHER, padded * d, group)
+            sent += (n - 1) / n * padded * d
+        return exposed, optimizer, sent
+
+    def _dp_group(self, grid: RankGrid, stage: int) -> tuple[int, ...]:
+        key = ("dp", grid.dp, grid.pp, grid.tp, stage)
+        if key not in self._groups:
+            self._groups[key] = tuple(grid.rank(d, stage, 0) for d in range(grid.dp))
+        return self._groups[key]
+
+    def _kept(self, key: tuple[object, ...], group: tuple[int, ...]) -> tuple[int, ...]:
+        """One tuple per group, kept: collective lines are keyed by its id."""
+        return self._groups.setdefault(key, group)
+
+    def _reduce(
+        self, cfg: ParallelConfig, group: tuple[int, ...], params: int, backward: float
+    ) -> float:
+        """ZeRO 0-2's gradient all-reduces, in their buckets, and what they leave exposed."""
+        bucket = (
+            STAGE0_ALLREDUCE_BUCKET_NUMEL
+            if cfg.zero_stage is ZeroStage.NONE
+            else cfg.knobs.reduce_bucket_size
+        )
+        calls = max(1, math.ceil(params / bucket))
+        d = cfg.precision.bytes
+        reduce = calls * self.collective_s(CollectiveOp.ALL_REDUCE, params / calls * d, group)
+        reduce += self.device.copy_time_s(3 * d * params, str(cfg.precision))
+        every_micro_batch = cfg.zero_stage is ZeroStage.GRADIENTS
+        hidden = backward if cfg.overlap_comm and cfg.zero_stage is not ZeroStage.NONE else 0.0
+        exposed = max(reduce - hidden, reduce / calls)  # the last bucket waits either way
+        return exposed * (cfg.grad_accum if every_micro_batch else 1)
+
+    def _optimizer(self, cfg: ParallelConfig, stage: int, shard: float) -> float:
+        device = self.device
+        if cfg.offload is not Offload.NONE:
+            link = device.host_link_bytes_per_s
+            rate = device.host_adam_params_per_s or 1e-30
+            return shard * 4 / link + shard / rate + shard * cfg.precision.bytes / link
+        key = ("step", cfg.zero_stage, cfg.precision, shard)
+        if key not in self._flops:
+            prepare = step_passes(self.job(cfg, stage), shard)
+            self._flops[key] = device.copy_time_s(prepare, str(cfg.precision))
+        return self._flops[key] + shard * ADAM_STEP_BYTES_PER_PARAM / device.optimizer_bytes_per_s
+
+
+def _kernel_key(c: ParallelConfig) -> tuple[object, ...]:
+    """What a layer's pass time depends on."""
+    return (c.tp, c.micro_batch, c.recompute, c.sequence_parallel, c.flash_attention, c.precision)

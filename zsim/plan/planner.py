@@ -1,0 +1,150 @@
+"""`plan()`: every layout the cluster allows, the ones that fit, ranked.
+
+Two tiers: each layout's memory ledger (`zsim.memory`, the same one `zsim memory` prints)
+drops what does not fit, the closed-form tier (`zsim.plan.estimate`) orders the rest, and the
+discrete-event simulation (`zsim.simulation.simulate`) times the best of them, which are then
+ranked by what it says.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from zsim.cluster.device import DeviceProfile
+from zsim.cluster.topology import Topology
+from zsim.errors import require
+from zsim.memory import MemoryLedger, peak_ledger
+from zsim.plan.estimate import Estimate, Estimator
+from zsim.plan.space import Space, layouts
+from zsim.simulation import Report, simulate
+from zsim.workload.model import ModelSpec
+from zsim.workload.parallel import ParallelConfig, Recompute
+
+EVERYTHING = Space()
+
+
+class Objective(StrEnum):
+    THROUGHPUT = "throughput"  # the most tokens per second
+    MEMORY = "memory"  # the least memory per GPU (then the most tokens per second)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    cfg: ParallelConfig
+    memory: MemoryLedger
+    memory_stage: int  # the pipeline stage whose ledger is the peak
+    estimate: Estimate
+    report: Report | None = None  # the simulation's, for the best candidates
+
+    @property
+    def step_s(self) -> float:
+        return self.report.step_time_s if self.report else self.estimate.step_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.report.tokens_per_s if self.report else self.estimate.tokens_per_s
+
+
+@dataclass(frozen=True)
+class Miss:
+    """A layout that does not fit: by how much, and its largest category."""
+
+    cfg: ParallelConfig
+    memory: MemoryLedger
+    over_bytes: float
+    largest: str
+
+
+@dataclass
+class Plan:
+    ranked: list[Candidate]  # fitting layouts, best first (simulated ones ranked by it)
+    misses: list[Miss]  # the closest misses first
+    layouts: int
+    seconds: float
+    usable_bytes: float
+    simulated: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def plan(
+    model: ModelSpec,
+    topology: Topology,
+    device: DeviceProfile,
+    global_batch: int,
+    objective: Objective = Objective.THROUGHPUT,
+    simulate_top: int = 5,
+    space: Space = EVERYTHING,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> Plan:
+    """Every layout of `model` on `topology` at `global_batch`, ranked by `objective`."""
+    require(simulate_top >= 0, "simulate", simulate_top, "a count >= 0")
+    start = time.perf_counter()
+    estimator = Estimator(model, topology, device)
+    gpus_per_node = topology.gpus_per_node
+    fitting, misses, count = [], [], 0
+    for cfg in layouts(model, topology.world_size, gpus_per_node, global_batch, space):
+        count += 1
+        stage, ledger = peak_ledger(model, cfg)
+        over = ledger.device_total - device.usable_bytes
+        if over > 0:
+            misses.append(Miss(cfg, ledger, over, _largest(ledger)))
+        else:
+            fitting.append(Candidate(cfg, ledger, stage, estimator.estimate(cfg)))
+        if progress and count % 500 == 0:
+            progress("closed form", count, 0)
+    fitting = _distinct(sorted(fitting, key=_order(objective)))
+    misses.sort(key=lambda m: m.over_bytes)
+    top = fitting[:simulate_top]
+    for i, candidate in enumerate(top):
+        if progress:
+            progress("simulating", i, len(top))
+        report = simulate(model, candidate.cfg, topology, device)
+        top[i] = Candidate(
+            candidate.cfg, candidate.memory, candidate.memory_stage, candidate.estimate, report
+        )
+    ranked = sorted(top, key=_order(objective)) + fitting[len(top) :]
+    result = Plan(ranked, misses[:20], count, 0.0, device.usable_bytes, len(top))
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _order(objective: Objective) -> Callable[[Candidate], tuple[float, ...]]:
+    """Best first; among equals the simpler layout (less recompute, no SP, fewer chunks)."""
+
+    def simpler(c: Candidate) -> tuple[float, ...]:
+        k = c.cfg
+        return (list(Recompute).index(k.recompute), k.sequence_parallel, k.virtual_stages)
+
+    if objective is Objective.MEMORY:
+        return lambda c: (c.memory.device_total, -c.tokens_per_s, *simpler(c))
+    return lambda c: (-c.tokens_per_s, c.memory.device_total, *simpler(c))
+
+
+def _distinct(ranked: list[Candidate]) -> list[Candidate]:
+    """Drop a layout that predicts the very same step and memory as a simpler one ranked
+    before it (selective recompute with flash attention saves nothing flash does not)."""
+    kept: list[Candidate] = []
+    seen: set[tuple[object, ...]] = set()
+    for c in ranked:
+        k = c.cfg
+        twin: tuple[object, ...] = (k.dp, k.tp, k.pp, k.zero_stage, k.offload, k.micro_batch)
+        twin += (
+            k.pp_schedule,
+            k.virtual_stages,
+            k.pipeline_engine,
+            c.estimate.step_s,
+            c.memory.device_total,
+        )
+        if twin not in seen:
+            seen.add(twin)
+            kept.append(c)
+    return kept
+
+
+def _largest(ledger: MemoryLedger) -> str:
+    totals = ("model_states", "device_total", "host_offloaded")
+    parts = {k: v for k, v in ledger.as_dict().items() if k not in totals}
+    return max(parts, key=lambda k: parts[k] or 0.0)

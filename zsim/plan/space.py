@@ -1,0 +1,130 @@
+"""The layouts a cluster allows for one model and global batch, by the frameworks' own rules.
+
+ZeRO stage x offload x tp (within a node) x pp x schedule (1F1B, GPipe, interleaved with v)
+x micro-batch (so the accumulation) x recompute x sequence parallelism x pipeline engine.
+What a framework refuses is not enumerated: `ParallelConfig` and `check_layout` hold the rules
+(ZeRO-2/3 not with DeepSpeed's pipeline, offload from ZeRO-1, heads and kv-heads divisible by
+tp, layers over pp x v, interleaving's accumulation a multiple of pp, the batch rule).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from zsim.errors import InputError
+from zsim.inputs.scenario import check_layout
+from zsim.workload.model import ModelKind, ModelSpec
+from zsim.workload.parallel import (
+    Offload,
+    ParallelConfig,
+    PipelineEngine,
+    PipelineSchedule,
+    Precision,
+    Recompute,
+    ZeroStage,
+)
+
+
+@dataclass(frozen=True)
+class Space:
+    """What the search may choose; defaults are everything."""
+
+    stages: tuple[ZeroStage, ...] = tuple(ZeroStage)
+    tps: tuple[int, ...] | None = None  # None: every width within a node
+    pps: tuple[int, ...] | None = None  # None: every depth
+    offloads: tuple[Offload, ...] = tuple(Offload)
+    recomputes: tuple[Recompute, ...] = tuple(Recompute)
+    virtual_stages: tuple[int, ...] = (2, 3, 4)
+    max_micro_batch: int = 16
+    precision: Precision = Precision.BF16
+    flash_attention: bool = True
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _allowed(value: int, choices: tuple[int, ...] | None) -> bool:
+    return choices is None or value in choices
+
+
+def _pipelines(pp: int, accum: int, space: Space) -> Iterator[dict[str, object]]:
+    """(engine, schedule, v) choices for a pipeline of pp stages."""
+    if pp == 1:
+        yield {}
+        return
+    yield {"pipeline_engine": PipelineEngine.DEEPSPEED}
+    megatron = PipelineEngine.MEGATRON
+    yield {"pipeline_engine": megatron, "pp_schedule": PipelineSchedule.ONE_F_ONE_B}
+    if accum % pp == 0:
+        for v in space.virtual_stages:
+            yield {
+                "pipeline_engine": megatron,
+                "pp_schedule": PipelineSchedule.INTERLEAVED,
+                "virtual_stages": v,
+            }
+
+
+def _memory(zero: ZeroStage, space: Space) -> Iterator[tuple[ZeroStage, Offload]]:
+    for offload in space.offloads:
+        if offload is Offload.NONE or (
+            zero >= ZeroStage.OPTIMIZER
+            and (offload is Offload.OPTIMIZER or zero is ZeroStage.PARAMETERS)
+        ):
+            yield zero, offload
+
+
+def layouts(
+    model: ModelSpec, world: int, gpus_per_node: int, global_batch: int, space: Space = Space()
+) -> Iterator[ParallelConfig]:
+    """Every layout of `model` on `world` GPUs with this global batch that the frameworks
+    accept (tensor parallelism inside a node)."""
+    widths = [t for t in _divisors(gpus_per_node) if world % t == 0 and _allowed(t, space.tps)]
+    if model.kind is not ModelKind.TRANSFORMER:
+        widths = [1]
+    for tp in widths:
+        depths = _divisors(world // tp)
+        for pp in (p for p in depths if p <= model.layers and _allowed(p, space.pps)):
+            dp = world // (tp * pp)
+            if global_batch % dp:
+                continue
+            per_rank = global_batch // dp
+            micro_batches = [b for b in _divisors(per_rank) if b <= space.max_micro_batch]
+            zeros = [z for z in space.stages if pp == 1 or z <= ZeroStage.OPTIMIZER]
+            for micro, zero, recompute in itertools.product(micro_batches, zeros, space.recomputes):
+                accum = per_rank // micro
+                for sp in (False, True) if tp > 1 else (False,):
+                    for (stage, offload), pipe in itertools.product(
+                        _memory(zero, space), list(_pipelines(pp, accum, space))
+                    ):
+                        sizes: dict[str, object] = {"dp": dp, "tp": tp, "pp": pp}
+                        sizes |= {"micro_batch": micro}
+                        sizes |= {"grad_accum": accum, "zero_stage": stage, "offload": offload}
+                        found = _valid(model, sizes, recompute, sp, pipe, space)
+                        if found is not None:
+                            yield found
+
+
+def _valid(
+    model: ModelSpec,
+    fields: dict[str, object],
+    recompute: Recompute,
+    sequence_parallel: bool,
+    pipe: dict[str, object],
+    space: Space,
+) -> ParallelConfig | None:
+    try:
+        cfg = ParallelConfig(
+            **fields,  # type: ignore[arg-type]
+            **pipe,  # type: ignore[arg-type]
+            recompute=recompute,
+            sequence_parallel=sequence_parallel,
+            precision=space.precision,
+            flash_attention=space.flash_attention and model.kind is ModelKind.TRANSFORMER,
+        )
+        check_layout(model, cfg)
+    except InputError:
+        return None
+    return cfg
