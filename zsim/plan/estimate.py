@@ -29,7 +29,7 @@ from zsim.cluster.fabric import Backend
 from zsim.cluster.grid import RankGrid
 from zsim.cluster.topology import Topology
 from zsim.network.collective import CollectiveCall, CollectiveOp
-from zsim.network.communicator import Communicator
+from zsim.network.communicator import Communicator, simulate_s
 from zsim.step.job import StageJob
 from zsim.step.kernels import LayerKernels
 from zsim.step.optimizer import step_passes
@@ -73,21 +73,37 @@ class Estimator:
         self._lines: dict[tuple[CollectiveOp, int], tuple[float, float]] = {}
         self._stages: dict[tuple[object, ...], tuple[float, float, int]] = {}
         self._groups: dict[tuple[object, ...], tuple[int, ...]] = {}
+        self._beside: dict[int, tuple[tuple[int, ...], ...]] = {}  # DP group -> its TP peers'
         self._flops: dict[object, float] = {}  # forward FLOPs, message sizes, step passes
 
     # ---- pieces ----
 
-    def collective_s(self, op: CollectiveOp, nbytes: float, group: tuple[int, ...]) -> float:
-        """A collective's closed form, as the line through two large sizes of its plan."""
+    def collective_s(
+        self,
+        op: CollectiveOp,
+        nbytes: float,
+        group: tuple[int, ...],
+        beside: tuple[tuple[int, ...], ...] = (),
+    ) -> float:
+        """A collective's time as the line through two large sizes: its plan's closed form,
+        or, when the same call on the groups `beside` it (the other TP ranks' data-parallel
+        groups, which run it at the same moment) shares its links, their flows solved
+        together (`simulate_s`), as the simulator's replica groups contend."""
         if len(group) == 1 or nbytes <= 0:
             return 0.0
         key = (op, id(group))  # groups are cached tuples (`_dp_group`, TP and pipeline pairs)
         if key not in self._lines:
-            small, large = (
-                self.comms.plan(CollectiveCall(op, s, group)).closed_form_s for s in _SIZES
-            )
-            slope = (large - small) / (_SIZES[1] - _SIZES[0])
-            self._lines[key] = (small - slope * _SIZES[0], slope)
+            rivals = [g for g in beside if self.comms.shares_links(op, group, g)]
+            times = []
+            for size in _SIZES:
+                call = CollectiveCall(op, size, group)
+                if rivals:
+                    together = [call, *(CollectiveCall(op, size, g) for g in rivals)]
+                    times.append(simulate_s(self.topology, together)[0])
+                else:
+                    times.append(self.comms.plan(call).closed_form_s)
+            slope = (times[1] - times[0]) / (_SIZES[1] - _SIZES[0])
+            self._lines[key] = (times[0] - slope * _SIZES[0], slope)
         intercept, slope = self._lines[key]
         return intercept + slope * nbytes
 
@@ -187,8 +203,9 @@ class Estimator:
         padded = -(-params // n) * n
         exposed = sent = 0.0
         if n > 1 and cfg.zero_stage is ZeroStage.PARAMETERS:
-            gather = self.collective_s(CollectiveOp.ALL_GATHER, padded * d, group)
-            scatter = self.collective_s(CollectiveOp.REDUCE_SCATTER, padded * d, group)
+            peers = self._beside[id(group)]
+            gather = self.collective_s(CollectiveOp.ALL_GATHER, padded * d, group, peers)
+            scatter = self.collective_s(CollectiveOp.REDUCE_SCATTER, padded * d, group, peers)
             # the buckets' copies run beside the reduce-scatters, on the reduction stream
             scatter += self.device.copy_time_s(4 * d * params, dtype)
             per_micro = max(0.0, gather - forward) + max(0.0, gather + scatter - backward)
@@ -201,7 +218,8 @@ class Estimator:
         shard = params / (n if cfg.zero_stage >= ZeroStage.OPTIMIZER else 1)
         optimizer = self._optimizer(cfg, stage, shard)
         if n > 1 and cfg.zero_stage in (ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS):
-            optimizer += self.collective_s(CollectiveOp.ALL_GATHER, padded * d, group)
+            peers = self._beside[id(group)]
+            optimizer += self.collective_s(CollectiveOp.ALL_GATHER, padded * d, group, peers)
             sent += (n - 1) / n * padded * d
         return exposed, optimizer, sent
 
@@ -209,6 +227,10 @@ class Estimator:
         key = ("dp", grid.dp, grid.pp, grid.tp, stage)
         if key not in self._groups:
             self._groups[key] = tuple(grid.rank(d, stage, 0) for d in range(grid.dp))
+            others = tuple(
+                tuple(grid.rank(d, stage, t) for d in range(grid.dp)) for t in range(1, grid.tp)
+            )
+            self._beside[id(self._groups[key])] = others
         return self._groups[key]
 
     def _kept(self, key: tuple[object, ...], group: tuple[int, ...]) -> tuple[int, ...]:
@@ -226,7 +248,10 @@ class Estimator:
         )
         calls = max(1, math.ceil(params / bucket))
         d = cfg.precision.bytes
-        reduce = calls * self.collective_s(CollectiveOp.ALL_REDUCE, params / calls * d, group)
+        line = self.collective_s(
+            CollectiveOp.ALL_REDUCE, params / calls * d, group, self._beside[id(group)]
+        )
+        reduce = calls * line
         reduce += self.device.copy_time_s(3 * d * params, str(cfg.precision))
         every_micro_batch = cfg.zero_stage is ZeroStage.GRADIENTS
         hidden = backward if cfg.overlap_comm and cfg.zero_stage is not ZeroStage.NONE else 0.0

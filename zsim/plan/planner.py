@@ -81,6 +81,7 @@ def plan(
 ) -> Plan:
     """Every layout of `model` on `topology` at `global_batch`, ranked by `objective`."""
     require(simulate_top >= 0, "simulate", simulate_top, "a count >= 0")
+    objective = Objective(objective)
     start = time.perf_counter()
     estimator = Estimator(model, topology, device)
     gpus_per_node = topology.gpus_per_node
