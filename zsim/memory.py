@@ -171,7 +171,7 @@ def _stage_saved(
 
 
 @functools.lru_cache(maxsize=4096)
-def _stage_params(model: ModelSpec, pp: int, virtual: int, stage: int, tp: int) -> int:
+def stage_params(model: ModelSpec, pp: int, virtual: int, stage: int, tp: int) -> int:
     """Parameters one TP rank of a pipeline stage holds."""
     chunks = (stage_layers(model, pp * virtual, c * pp + stage) for c in range(virtual))
     return sum(x.params(tp) for chunk in chunks for x in chunk)
@@ -257,7 +257,7 @@ def _persistent_sizes(layers: tuple[Layer, ...], tp: int, threshold: int) -> tup
 def ledger(model: ModelSpec, cfg: ParallelConfig, pipeline_stage: int = 0) -> MemoryLedger:
     """The ledger of one rank of `pipeline_stage`."""
     layers = rank_layers(model, cfg, pipeline_stage)
-    params = _stage_params(model, cfg.pp, cfg.virtual_stages, pipeline_stage, cfg.tp)
+    params = stage_params(model, cfg.pp, cfg.virtual_stages, pipeline_stage, cfg.tp)
     p, g, o, host = model_state_bytes(params, cfg)
     if cfg.zero_stage is ZeroStage.PARAMETERS and model.kind is not ModelKind.PARAMS_ONLY:
         p += zero3_persistent_bytes(cfg, layers)

@@ -28,6 +28,7 @@ from zsim.cluster.device import ADAM_STEP_BYTES_PER_PARAM, DeviceProfile
 from zsim.cluster.fabric import Backend
 from zsim.cluster.grid import RankGrid
 from zsim.cluster.topology import Topology
+from zsim.memory import stage_params
 from zsim.network.collective import CollectiveCall, CollectiveOp
 from zsim.network.communicator import Communicator, simulate_s
 from zsim.step.job import StageJob
@@ -127,12 +128,15 @@ class Estimator:
 
     def estimate(self, cfg: ParallelConfig) -> Estimate:
         grid = RankGrid(dp=cfg.dp, pp=cfg.pp, tp=cfg.tp)
-        stages = [self._stage(cfg, s) for s in range(cfg.pp)]
+        kernel = (cfg.pp, cfg.virtual_stages, *_kernel_key(cfg))
+        stages = [self._stage(cfg, s, kernel) for s in range(cfg.pp)]
         passes = [(f, b) for f, b, _ in stages]
         slowest = max(f + b for f, b in passes)
         compute = cfg.grad_accum * slowest
         bubble = self._bubble(cfg, grid, passes)
-        tails = [self._data_parallel(cfg, grid, s, *stage) for s, stage in enumerate(stages)]
+        # a pipeline's middle stages are alike: each distinct stage's tail once
+        firsts = {stage: s for s, stage in reversed(list(enumerate(stages)))}
+        tails = [self._data_parallel(cfg, grid, s, *stage) for stage, s in firsts.items()]
         exposed, optimizer = max(t[:2] for t in tails)
         step = compute + bubble + exposed + optimizer
         flops = 3 * self._forward_flops(cfg.micro_batch) * cfg.grad_accum * cfg.dp
@@ -151,15 +155,18 @@ class Estimator:
     def job(self, cfg: ParallelConfig, stage: int) -> StageJob:
         return StageJob.of(self.model, cfg, self.device, stage, self.gloo)
 
-    def _stage(self, cfg: ParallelConfig, stage: int) -> tuple[float, float, int]:
+    def _stage(
+        self, cfg: ParallelConfig, stage: int, kernel: tuple[object, ...]
+    ) -> tuple[float, float, int]:
         """(forward, backward of one micro-batch, parameters held) of a pipeline stage's rank,
-        cached by what decides them."""
-        key = (cfg.pp, cfg.virtual_stages, stage, *_kernel_key(cfg))
+        cached by what decides them (`kernel`: the split and what a layer's pass depends on)."""
+        key = (stage, *kernel)
         if key not in self._stages:
             job = self.job(cfg, stage)
             times = [self.layer_pass_s(job, layer) for chunk in job.chunks for layer in chunk]
             forward, backward = sum(f for f, _ in times), sum(b for _, b in times)
-            self._stages[key] = (forward, backward, job.params())
+            held = stage_params(self.model, cfg.pp, cfg.virtual_stages, stage, cfg.tp)
+            self._stages[key] = (forward, backward, held)
         return self._stages[key]
 
     def _forward_flops(self, micro_batch: int) -> float:
@@ -224,11 +231,15 @@ class Estimator:
         return exposed, optimizer, sent
 
     def _dp_group(self, grid: RankGrid, stage: int) -> tuple[int, ...]:
-        key = ("dp", grid.dp, grid.pp, grid.tp, stage)
+        """The first pipeline stage's data-parallel group stands for every stage's: their
+        groups are alike (one node's GPUs, the next node's, ...), and their collectives'
+        lines are then found once per layout shape, not once per stage."""
+        del stage
+        key = ("dp", grid.dp, grid.pp, grid.tp)
         if key not in self._groups:
-            self._groups[key] = tuple(grid.rank(d, stage, 0) for d in range(grid.dp))
+            self._groups[key] = tuple(grid.rank(d, 0, 0) for d in range(grid.dp))
             others = tuple(
-                tuple(grid.rank(d, stage, t) for d in range(grid.dp)) for t in range(1, grid.tp)
+                tuple(grid.rank(d, 0, t) for d in range(grid.dp)) for t in range(1, grid.tp)
             )
             self._beside[id(self._groups[key])] = others
         return self._groups[key]
