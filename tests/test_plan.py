@@ -176,3 +176,17 @@ def test_the_ranking_follows_the_objective(objective):
         c.memory.device_total if objective == "memory" else -c.tokens_per_s for c in result.ranked
     ]
     assert values == sorted(values)
+
+
+def test_the_playbook_page_is_what_the_planner_recommends():
+    from pathlib import Path
+
+    from zsim.plan.playbook import ROWS, answer
+
+    page = (Path(__file__).parent.parent / "docs" / "playbook.md").read_text()
+    table = [
+        line.split(" | ") for line in page.splitlines() if line.startswith("| ") and "on " in line
+    ]
+    written = {cells[0].lstrip("| "): cells[3] for cells in table}
+    for row in ROWS:
+        assert written[row.scenario] == answer(row).layout, row.scenario

@@ -177,13 +177,13 @@ class Estimator:
     def _bubble(
         self, cfg: ParallelConfig, grid: RankGrid, passes: list[tuple[float, float]]
     ) -> float:
+        """Pipeline fill and drain, and the sends: on the critical path in the fill and drain;
+        in the steady state DeepSpeed's blocking sends add to every micro-batch, Megatron's
+        asynchronous ones only where a stage's 2 v sends per micro-batch (forward and back, v
+        chunks) take its link longer than its compute."""
         if cfg.pp == 1:
             return 0.0
-        key = ("send", cfg.tp, cfg.micro_batch, cfg.sequence_parallel, cfg.precision)
-        if key not in self._flops:
-            self._flops[key] = self.job(cfg, 0).activation_bytes()
-        pair = self._kept(("pair", grid.dp, grid.pp, grid.tp), (0, grid.rank(0, 1, 0)))
-        send = self.collective_s(CollectiveOp.SEND_RECV, self._flops[key], pair)
+        send = self._send_s(cfg, grid)
         slowest = max(f + b for f, b in passes)
         if cfg.pp_schedule is PipelineSchedule.INTERLEAVED:
             fill = (cfg.pp - 1) * slowest / cfg.virtual_stages
@@ -192,7 +192,29 @@ class Estimator:
         sends = 2 * (cfg.pp - 1) * send
         if cfg.pipeline_engine is PipelineEngine.DEEPSPEED:
             sends += 2 * (cfg.grad_accum - 1) * send  # blocking p2p on the compute stream
+        else:
+            sends += cfg.grad_accum * max(0.0, 2 * cfg.virtual_stages * send - slowest)
         return fill + sends
+
+    def _send_s(self, cfg: ParallelConfig, grid: RankGrid) -> float:
+        """One activation from stage 0 to 1, beside the same send of every other (dp, tp)
+        replica where they share its links (they all send at once)."""
+        key = ("send", cfg.tp, cfg.micro_batch, cfg.sequence_parallel, cfg.precision)
+        if key not in self._flops:
+            self._flops[key] = self.job(cfg, 0).activation_bytes()
+        where = ("pair", grid.dp, grid.pp, grid.tp)
+        if where not in self._groups:
+            pairs = [
+                (grid.rank(d, 0, t), grid.rank(d, 1, t))
+                for d in range(grid.dp)
+                for t in range(grid.tp)
+            ]
+            self._groups[where] = pairs[0]
+            self._beside[id(pairs[0])] = tuple(pairs[1:])
+        pair = self._groups[where]
+        return self.collective_s(
+            CollectiveOp.SEND_RECV, self._flops[key], pair, self._beside[id(pair)]
+        )
 
     def _data_parallel(
         self,
