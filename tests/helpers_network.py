@@ -31,7 +31,7 @@ def uniform_star(
     data: dict[str, Any] = {
         "gpu": None,
         "gpus_per_node": [n],
-        "backend": {"name": backend, "call_latency_us": 0},
+        "backend": {"name": backend, "call_latency_us": 0, "protocol": "ideal"},
         "loopback": {
             "bandwidth_GBps": bandwidth_gbps,
             "latency_us": step_latency_us / 2,
@@ -51,7 +51,7 @@ def two_leaves(oversubscription: float) -> Topology:
     data = {
         "gpu": "a100-80gb",
         "gpus_per_node": [1],
-        "backend": {"name": "nccl", "call_latency_us": 0},
+        "backend": {"name": "nccl", "call_latency_us": 0, "protocol": "ideal"},
         "pcie": {"bandwidth_GBps": 1000, "latency_us": 0},
         "nics": {
             "per_node": 1,

@@ -1,5 +1,6 @@
 """The step simulator against closed forms, the seeds' traffic table and its own two modes."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -85,8 +86,11 @@ def test_interleaving_shrinks_bubble_by_v(p, m, v):
 
 
 def traffic_in_params(stage, knobs=None, dp=8):
+    # the seeds count data bytes: NCCL forced to Simple (NCCL_PROTO=Simple), whose wire bytes
+    # are its data (LL, picked for small calls, sends a 4-byte flag with every 4 data bytes)
     model = preset("gpt-350m")
-    topo = presets.topology("1x8-nvlink")
+    nvlink = presets.topology("1x8-nvlink")
+    topo = dataclasses.replace(nvlink, fabric=dataclasses.replace(nvlink.fabric, protocol="simple"))
     cfg = ParallelConfig(dp=dp, zero_stage=stage, knobs=knobs or ZeroKnobs())
     report = simulate(model, cfg, topo, presets.gpu("a100-80gb"))
     param_bytes = model.total_params() * 2

@@ -122,6 +122,8 @@ class FabricSpec:
     gpus_per_node: tuple[int, ...]  # allowed values of G
     backend: Backend
     call_latency_s: float  # fixed cost of one collective call (kernel launch, setup)
+    host_cpu: str  # "intel" or "amd": NCCL's tuner costs a network step by the CPU vendor
+    protocol: str  # NCCL's protocols: auto (its tuner), ll, ll128, simple, or ideal (none)
     nvswitch: LinkSpec | None  # GPU <-> NVSwitch plane, per GPU
     pcie: LinkSpec | None
     gpus_per_pcie_switch: int
@@ -181,7 +183,7 @@ def fabric_from_mapping(
         gpu,
         "one of " + ", ".join(sorted(gpu_names)) + " (or null for a CPU fabric)",
     )
-    backend, call_latency_s = _backend(data, source)
+    backend, call_latency_s, host_cpu, protocol = _backend(data, source)
     pcie_map = data.get("pcie") or {}
     return FabricSpec(
         name=source,
@@ -190,6 +192,8 @@ def fabric_from_mapping(
         gpus_per_node=_int_list(data.get("gpus_per_node"), f"{source}:gpus_per_node"),
         backend=backend,
         call_latency_s=call_latency_s,
+        host_cpu=host_cpu,
+        protocol=protocol,
         nvswitch=nvswitch,
         pcie=pcie,
         gpus_per_pcie_switch=positive_int(
@@ -308,13 +312,29 @@ def _rate_gbps(value: Any, field: str) -> float:
     return positive_number(field, value) * GB / 8
 
 
-def _backend(data: Mapping[str, Any], source: str) -> tuple[Backend, float]:
+HOST_CPUS = ("intel", "amd")
+PROTOCOL_CHOICES = ("auto", "ll", "ll128", "simple", "ideal")
+"""`backend.protocol`: NCCL's tuner picks (auto), one forced as NCCL_PROTO would, or none
+(ideal: the routes' latencies and bandwidths only, the textbook alpha-beta network)."""
+
+
+def _backend(data: Mapping[str, Any], source: str) -> tuple[Backend, float, str, str]:
     section = _section(data, "backend", source)
-    _known(section, {"name", "call_latency_us"}, source, "backend.")
+    _known(section, {"name", "call_latency_us", "host_cpu", "protocol"}, source, "backend.")
     call_latency_s = _microseconds(
         section.get("call_latency_us", 0.0), f"{source}:backend.call_latency_us"
     )
-    return _choice(section, "name", Backend, source, "backend."), call_latency_s
+    cpu = section.get("host_cpu", "intel")  # NCCL's own default branch
+    require(cpu in HOST_CPUS, f"{source}:backend.host_cpu", cpu, "intel or amd")
+    protocol = section.get("protocol", "auto")
+    require(
+        protocol in PROTOCOL_CHOICES,
+        f"{source}:backend.protocol",
+        protocol,
+        "one of " + ", ".join(PROTOCOL_CHOICES),
+    )
+    backend = _choice(section, "name", Backend, source, "backend.")
+    return backend, call_latency_s, str(cpu), str(protocol)
 
 
 def _choice(section: Mapping[str, Any], key: str, enum: Any, source: str, prefix: str) -> Any:

@@ -15,7 +15,10 @@
 
 Latency: a pipelined ring's chunk crosses every hop in turn, so a ring step costs the ring's
 mean hop latency (NCCL's model likewise sums intra- and inter-node hop latencies); a chain or
-a tree pays its pipeline fill once.
+a tree pays its pipeline fill once. On top of the routes, each ring and tree call pays what its
+protocol costs beyond LL, and carries its protocol's wire bytes, by NCCL's own tuner
+(`zsim.network.nccl_tuner`), which also picks the protocol and, for all_reduce, ring or tree.
+Chains (broadcast, reduce) keep the route latencies and Simple's chunks.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from zsim.cluster.build import IntArray
+from zsim.cluster.fabric import NicAttach
 from zsim.cluster.topology import Topology
 from zsim.errors import InputError
 from zsim.network.collective import (
@@ -36,6 +40,16 @@ from zsim.network.collective import (
     chain_closed_form_s,
     ring_closed_form_s,
     tree_closed_form_s,
+)
+from zsim.network.nccl_tuner import (
+    PROTOCOLS,
+    WIRE_EFFICIENCY,
+    Hw,
+    NcclComm,
+    Protocol,
+    choose,
+    compute_capability,
+    extra_latency_s,
 )
 from zsim.network.patterns import (
     Built,
@@ -52,9 +66,47 @@ slots with BROADCAST/REDUCE_CHUNKSTEPS = 1 (src/include/collectives.h; the chunk
 in src/enqueue.cc): the Simple protocol's; LL and LL128 chunks are not modelled."""
 
 
-NCCL_TREE_BANDWIDTH_FACTOR = 0.92
-"""NCCL's tuner rates a tree at 0.92 of the bus bandwidth (src/graph/tuning.cc, v2.30); used
-only to choose like NCCL does, not in the tree's own simulation."""
+def nccl_comm(topo: Topology, gpus: IntArray, channels: int) -> NcclComm:
+    """What NCCL's tuner knows of a communicator over `gpus`: LL128 is on where GPUs of a
+    node talk over NVLink and reach their NICs through PCIe switches (tuning.cc: typeIntra <=
+    NVB, typeInter <= PXB)."""
+    nodes = len(np.unique(gpus // topo.gpus_per_node))
+    nvlink = topo.fabric.nvswitch is not None
+    near_nic = topo.fabric.nic_attach is NicAttach.PCIE_SWITCH
+    return NcclComm(
+        ranks=len(gpus),
+        nodes=nodes,
+        intra=Hw.NVLINK if nvlink else Hw.PCI,
+        channels=channels,
+        sm=compute_capability(topo.fabric.gpu),
+        cpu=topo.fabric.host_cpu,
+        ll128=nvlink and (nodes == 1 or near_nic),
+    )
+
+
+def _protocols(topo: Topology) -> tuple[Protocol, ...] | None:
+    """The protocols NCCL may pick on this fabric; None for the ideal network (no protocol)."""
+    chosen = topo.fabric.protocol
+    if chosen == "ideal":
+        return None
+    return PROTOCOLS if chosen == "auto" else (Protocol(chosen),)
+
+
+def _costs(
+    topo: Topology, op: CollectiveOp, algorithm: str, comm: NcclComm, nbytes: float, bus: float
+) -> tuple[float, float]:
+    """(extra latency s, wire efficiency) of the protocol NCCL picks for `algorithm`."""
+    protocols = _protocols(topo)
+    if protocols is None:
+        return 0.0, 1.0
+    _, protocol = choose(op, comm, nbytes, {algorithm: bus}, protocols)
+    extra = extra_latency_s(op, algorithm, protocol, comm, nbytes, topo.call_latency_s)
+    return extra, WIRE_EFFICIENCY[protocol]
+
+
+def _bus(topo: Topology, rings: IntArray) -> float:
+    """A rank's send rate over all channels when every ring sends at once (NCCL's busBw)."""
+    return fair_share(topo, *ring_flows(rings)) * len(rings)
 
 
 # ---- rings and chains ----------------------------------------------------------------------
@@ -96,19 +148,26 @@ def _rings(topo: Topology, group: Sequence[int]) -> IntArray:
 
 
 def ring_phase(
-    topo: Topology, op: CollectiveOp, rings: IntArray, bytes_per_ring: float
+    topo: Topology, op: CollectiveOp, rings: IntArray, bytes_per_ring: float, channels: bool = True
 ) -> tuple[Phase, float]:
-    """Equal rings (rows) running `op` at once, each on `bytes_per_ring` (channels of one
-    group, or the disjoint groups of a hierarchical stage)."""
+    """Equal rings (rows) running `op` at once, each on `bytes_per_ring`, in the protocol NCCL
+    picks: the channels of one call, or (`channels=False`) the disjoint groups of a
+    hierarchical stage, each its own call."""
     m = rings.shape[1]
     steps = 2 * (m - 1) if op is CollectiveOp.ALL_REDUCE else m - 1
     if rings.size >= 64:  # one pair of arrays for every call on these rings
         src, dst, _ = topo.memoized(("ring_flows", id(rings)), lambda: (*ring_flows(rings), rings))
     else:
         src, dst = ring_flows(rings)
-    alpha = ring_latency(topo, rings)
-    closed = ring_closed_form_s(op, m, bytes_per_ring, alpha, fair_share(topo, src, dst))
-    return Phase(src, dst, bytes_per_ring / m, repeat=steps, latency_s=alpha), closed
+    share = fair_share(topo, src, dst)
+    per_call = len(rings) if channels else 1
+    comm = nccl_comm(topo, rings[0], per_call)
+    nbytes = bytes_per_ring * per_call
+    extra, efficiency = _costs(topo, op, "ring", comm, nbytes, share * per_call)
+    alpha = ring_latency(topo, rings) + extra / steps
+    wire = bytes_per_ring / efficiency
+    closed = ring_closed_form_s(op, m, wire, alpha, share)
+    return Phase(src, dst, wire / m, repeat=steps, latency_s=alpha), closed
 
 
 def _chain_phase(
@@ -220,17 +279,22 @@ def _tree_flows(chains: IntArray, parents: IntArray) -> tuple[IntArray, IntArray
 
 
 def nccl_tree(topo: Topology, call: CollectiveCall) -> Built:
-    """all_reduce on every channel x tree at once, each carrying S / (2 C) up and down."""
+    """all_reduce on every channel x tree at once, each carrying S / (2 C) up and down, in the
+    protocol NCCL picks for the tree."""
     channels = tree_channels(topo, call.group)
-    per_tree = call.nbytes / len(channels)
+    rings = nccl_rings(topo, call.group)
+    comm = nccl_comm(topo, np.asarray(call.group), len(rings))
+    extra, efficiency = _costs(topo, call.op, "tree", comm, call.nbytes, _bus(topo, rings))
+    wire = call.nbytes / efficiency
     pairs = [_tree_flows(chains, parents) for chains, parents in channels]
     src = np.concatenate([p[0] for p in pairs])
     dst = np.concatenate([p[1] for p in pairs])
     latency = max(tree_latency(topo, chains, parents) for chains, parents in channels)
+    latency += extra
     # each flow carries S / (2 C) at the bottleneck share, so 2 S / B = S / (2 C share)
     share = fair_share(topo, src, dst)
-    closed = tree_closed_form_s(call.nbytes, latency, 2 * len(channels) * share)
-    return [Phase(src, dst, per_tree, latency_s=latency)], closed
+    closed = tree_closed_form_s(wire, latency, 2 * len(channels) * share)
+    return [Phase(src, dst, wire / len(channels), latency_s=latency)], closed
 
 
 # ---- hierarchical ---------------------------------------------------------------------------
@@ -253,14 +317,20 @@ def _stages(topo: Topology, call: CollectiveCall, nodes: IntArray) -> list[tuple
     size, g, op, rails = call.nbytes, nodes.shape[1], call.op, nodes.T
     if op is CollectiveOp.ALL_REDUCE:
         return [
-            ring_phase(topo, CollectiveOp.REDUCE_SCATTER, nodes, size),
-            ring_phase(topo, CollectiveOp.ALL_REDUCE, rails, size / g),
-            ring_phase(topo, CollectiveOp.ALL_GATHER, nodes, size),
+            ring_phase(topo, CollectiveOp.REDUCE_SCATTER, nodes, size, False),
+            ring_phase(topo, CollectiveOp.ALL_REDUCE, rails, size / g, False),
+            ring_phase(topo, CollectiveOp.ALL_GATHER, nodes, size, False),
         ]
     if op is CollectiveOp.ALL_GATHER:
-        return [ring_phase(topo, op, rails, size / g), ring_phase(topo, op, nodes, size)]
+        return [
+            ring_phase(topo, op, rails, size / g, False),
+            ring_phase(topo, op, nodes, size, False),
+        ]
     if op is CollectiveOp.REDUCE_SCATTER:
-        return [ring_phase(topo, op, nodes, size), ring_phase(topo, op, rails, size / g)]
+        return [
+            ring_phase(topo, op, nodes, size, False),
+            ring_phase(topo, op, rails, size / g, False),
+        ]
     root = call.group[call.root]
     slot = int(np.flatnonzero((rails == root).any(axis=1))[0])
     across = _from(rails[slot : slot + 1], root)
@@ -271,9 +341,9 @@ def _stages(topo: Topology, call: CollectiveCall, nodes: IntArray) -> list[tuple
 
 
 def nccl_prefers_tree(topo: Topology, call: CollectiveCall) -> bool:
-    """NCCL's auto choice for multi-node all_reduce, by its tuner's model (tuning.cc): the
-    tree moves 2 S at 0.92 of the ring's bus bandwidth but pays ~log2(nodes) latencies,
-    the ring 2(n-1)/n S and 2(n-1) steps. Groups with unequal members per node use the ring."""
+    """NCCL's auto choice for multi-node all_reduce, by its tuner (`nccl_tuner.choose`): the
+    tree moves 2 S at 0.92 of the ring's bus bandwidth but pays ~log2(nodes) latencies, the
+    ring 2(n-1)/n S and 2(n-1) steps. Groups with unequal members per node use the ring."""
     if call.algorithm is not Algorithm.AUTO or call.op is not CollectiveOp.ALL_REDUCE:
         return False
     group = np.asarray(call.group)
@@ -282,8 +352,8 @@ def nccl_prefers_tree(topo: Topology, call: CollectiveCall) -> bool:
     if regular_nodes(topo, call.group) is None:
         return False
     rings = nccl_rings(topo, call.group)
-    bus = fair_share(topo, *ring_flows(rings)) * len(rings)
-    n = len(call.group)
-    ring_s = ring_closed_form_s(call.op, n, call.nbytes, ring_latency(topo, rings), bus)
-    latency = max(tree_latency(topo, c, p) for c, p in tree_channels(topo, call.group))
-    return tree_closed_form_s(call.nbytes, latency, bus * NCCL_TREE_BANDWIDTH_FACTOR) < ring_s
+    bus = _bus(topo, rings)
+    comm = nccl_comm(topo, group, len(rings))
+    protocols = _protocols(topo) or (Protocol.SIMPLE,)
+    algorithm, _ = choose(call.op, comm, call.nbytes, {"ring": bus, "tree": bus}, protocols)
+    return algorithm == "tree"
