@@ -23,6 +23,7 @@ import csv
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -75,13 +76,20 @@ def _fabric_yaml(path: str) -> dict[str, Any]:
 
 
 def topology_of(case: Case) -> Topology:
-    name = f"{case.nodes}x{case.gpus_per_node}-{case.fabric}"
+    """The row's cluster; a job on part of one node gets a node of just its GPUs (the same
+    links between them: zsim simulates every GPU of a topology)."""
+    per_node = min(case.gpus_per_node, case.parallel.world_size)
+    name = f"{case.nodes}x{per_node}-{case.fabric}"
     if not case.fabric.endswith(".yaml"):
-        return presets.topology(name)
-    spec = fabric_from_mapping(
-        _fabric_yaml(case.fabric), Path(case.fabric).name, presets.gpu_names()
-    )
-    return build_topology(name, spec, case.nodes, case.gpus_per_node)
+        if per_node == case.gpus_per_node:
+            return presets.topology(name)
+        spec = presets.fabric(case.fabric)
+    else:
+        spec = fabric_from_mapping(
+            _fabric_yaml(case.fabric), Path(case.fabric).name, presets.gpu_names()
+        )
+    spec = replace(spec, gpus_per_node=(per_node,))
+    return build_topology(name, spec, case.nodes, per_node)
 
 
 def run_case(case: Case) -> dict[str, Any]:

@@ -326,11 +326,8 @@ def map_row(row: dict[str, str], file: str) -> Case:
         raise Skip("CPU offload needs a host-Adam rate, which no GPU preset has")
     model = model_of(row, fw, assumed, notes)
     tp, pp, dp, vpp, micro, accum = layout(row, fw, assumed)
-    per_stage = pp * vpp
-    if model.layers % per_stage:
-        rounded = -(-model.layers // per_stage) * per_stage
-        notes.append(f"layers {model.layers}->{rounded} (pp*v={per_stage}: the fullest stage)")
-        model = replace(model, layers=rounded)
+    if model.layers % (pp * vpp):  # zsim splits them as DeepSpeed's partition_uniform
+        notes.append(f"{model.layers} layers over pp*v={pp * vpp}: the first stages one more")
     stage = zero_stage(row, fw, assumed)
     knobs = ZeroKnobs()
     if fw == "mcore":
@@ -357,6 +354,9 @@ def map_row(row: dict[str, str], file: str) -> Case:
             virtual_stages=vpp,
             flash_attention=flash(fw),
             knobs=knobs,
+            # every source's sharded DP gathers and reduces on one process group: Megatron-
+            # DeepSpeed passes its mpu, FSDP shards over one group
+            mpu=True,
         )
     except InputError as exc:
         raise Skip(f"zsim refuses the layout: {exc}") from None

@@ -88,6 +88,14 @@ class GradientReducer:
         numel, ready = self._bucket.numel, [*self._bucket.ready, *deps]
         self._bucket = _Bucket()
         stream = Stream.REDUCE if cfg.overlap_comm else Stream.COMPUTE
+        comm_stream = stream
+        if (
+            cfg.zero_stage is ZeroStage.PARAMETERS
+            and cfg.overlap_comm
+            and cfg.one_dp_group
+            and not job.gloo
+        ):
+            comm_stream = Stream.GATHER  # ProcessGroupNCCL: one NCCL stream per group, device
         d = job.element_bytes
         if cfg.zero_stage is ZeroStage.PARAMETERS:
             calls = [Comm(CollectiveOp.REDUCE_SCATTER, job.padded(numel) * d, Group.DP)]
@@ -100,7 +108,7 @@ class GradientReducer:
         before, after = self.bucket_passes(numel)
         ready = [writer.memory_pass("bucket_prepare", before, ready, work_stream)]
         for comm in calls:
-            self._last = writer.comm("grad_reduce", comm, Category.GRAD_REDUCE, ready, stream)
+            self._last = writer.comm("grad_reduce", comm, Category.GRAD_REDUCE, ready, comm_stream)
             ready = [self._last]
         self._last = writer.memory_pass("bucket_scatter", after, ready, work_stream)
 

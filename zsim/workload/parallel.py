@@ -124,6 +124,17 @@ class ParallelConfig:
     virtual_stages: int = 1  # model chunks per pipeline rank (interleaved 1F1B)
     flash_attention: bool = False
     knobs: ZeroKnobs = field(default_factory=ZeroKnobs)
+    # DeepSpeed was given a model-parallel unit (Megatron-DeepSpeed always passes one; a plain
+    # deepspeed.initialize does not); None: one exactly when tp > 1 or pp > 1
+    mpu: bool | None = None
+
+    @property
+    def one_dp_group(self) -> bool:
+        """ZeRO-3 gathers and reduce-scatters on one process group, so one NCCL stream. With
+        an mpu both use its data-parallel group; without one, parameters are gathered on
+        WORLD and gradients reduced on the engine's clone of it, two communicators
+        (deepspeed 0.19: partition_parameters.Init, utils/groups._clone_world_group)."""
+        return self.mpu if self.mpu is not None else (self.tp > 1 or self.pp > 1)
 
     def __post_init__(self) -> None:
         for name, kind in _ENUM_FIELDS.items():  # accept "full", 3, ... from Python callers
