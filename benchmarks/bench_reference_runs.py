@@ -92,10 +92,14 @@ def topology_of(case: Case) -> Topology:
     return build_topology(name, spec, case.nodes, per_node)
 
 
-def run_case(case: Case) -> dict[str, Any]:
+def run_case(case: Case, protocol: str | None = None) -> dict[str, Any]:
+    """One row; `protocol` overrides the cluster's NCCL protocol model (an ablation)."""
     start = time.perf_counter()
     try:
-        report = simulate(case.model, case.parallel, topology_of(case), presets.gpu(case.gpu))
+        topo = topology_of(case)
+        if protocol is not None:
+            topo = replace(topo, fabric=replace(topo.fabric, protocol=protocol))
+        report = simulate(case.model, case.parallel, topo, presets.gpu(case.gpu))
     except Exception as exc:  # a scenario zsim cannot run is a finding, recorded as such
         return outcome(case, None, f"zsim failed: {type(exc).__name__}: {exc}", start)
     return outcome(case, report, "", start)
@@ -163,6 +167,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--files", default=",".join(FILES), help="which files (comma list)")
     parser.add_argument("--no-write", action="store_true", help="print only")
     parser.add_argument(
+        "--protocol",
+        choices=("auto", "ll", "ll128", "simple", "ideal"),
+        help="override every cluster's NCCL protocol model (ablation; use with --no-write)",
+    )
+    parser.add_argument(
         "--from-csv", action="store_true", help="re-render the tables from the last CSV only"
     )
     return parser
@@ -198,11 +207,11 @@ def choose(args: argparse.Namespace, results: list[dict[str, Any]]) -> list[Case
     return cases
 
 
-def simulate_all(cases: list[Case], jobs: int) -> list[dict[str, Any]]:
+def simulate_all(cases: list[Case], jobs: int, protocol: str | None = None) -> list[dict[str, Any]]:
     cases = sorted(cases, key=cost, reverse=True)  # longest first keeps the workers busy
     out = []
     with ProcessPoolExecutor(max_workers=jobs) as pool:
-        for future in as_completed([pool.submit(run_case, c) for c in cases]):
+        for future in as_completed([pool.submit(run_case, c, protocol) for c in cases]):
             result = future.result()
             print(
                 f"{result['row_id']:38s} {result.get('error_pct', result.get('reason'))!s:>8}"
@@ -224,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     results: list[dict[str, Any]] = []
     cases = choose(args, results)
-    results += simulate_all(cases, args.jobs)
+    results += simulate_all(cases, args.jobs, args.protocol)
     order = {k: i for i, k in enumerate(FILES.values())}
     results.sort(key=lambda r: (order[r["file"]], r["row_id"]))
     wall = time.perf_counter() - start
