@@ -49,3 +49,20 @@ def test_an_mpu_is_given_exactly_with_model_parallelism_by_default():
     assert not ParallelConfig(dp=8, zero_stage=3).one_dp_group
     assert ParallelConfig(dp=4, tp=2, zero_stage=3).one_dp_group
     assert ParallelConfig(dp=8, zero_stage=3, mpu=True).one_dp_group
+
+
+def test_each_backward_ends_when_its_reductions_do():
+    # stage3.py `independent_gradient_partition_epilogue` synchronizes the reduction stream at
+    # the end of every backward: the next micro-step's forward starts after the last
+    # reduce-scatter of the one before
+    knobs = ZeroKnobs(reduce_bucket_size=20_000_000)
+    cfg = ParallelConfig(dp=8, zero_stage=3, micro_batch=1, grad_accum=2, knobs=knobs)
+    report = simulate(preset("gpt-350m"), cfg, presets.topology("2x4-ethernet"),
+                      presets.gpu("a100-80gb"))  # fmt: skip
+    spans = [s for s in report.engine.all_spans() if s.rank == 0]
+    first_backward_end = min(s.end_s for s in spans if s.name.startswith("B0"))
+    reduces = [s for s in spans if s.category == "grad_reduce" and s.name == "grad_reduce"]
+    second_forward = min(s.start_s for s in spans if s.name.startswith("F1"))
+    last_reduce_of_first = max(s.end_s for s in reduces if s.start_s < second_forward)
+    assert last_reduce_of_first > first_backward_end  # the reductions outlast the backward
+    assert second_forward >= last_reduce_of_first

@@ -24,7 +24,7 @@ from zsim.step.pipeline import (
     megatron_schedule,
     tied_embedding_reduce,
 )
-from zsim.step.program import Comm, Program, ProgramWriter, Task
+from zsim.step.program import Category, Comm, Program, ProgramWriter, Task
 from zsim.step.zero3 import ParameterGathers
 from zsim.step.zero_reduce import GradientReducer
 from zsim.workload.model import ModelSpec
@@ -42,6 +42,7 @@ class _Passes:
         self.kernels = LayerKernels(job, tp_time)
         self.reducer = GradientReducer(job, writer)
         self.gathers = ParameterGathers(job, writer)
+        self._previous: list[Task] = []  # the last work's end (ZeRO-3: one stage, in order)
 
     def run(self, work: Work, deps: list[Task], tag: str) -> Task:
         cfg, writer = self.job.cfg, self.writer
@@ -49,6 +50,8 @@ class _Passes:
         zero3 = cfg.zero_stage is ZeroStage.PARAMETERS
         if work.forward and zero3:
             self.gathers.start(layers)  # ZeRO-3 runs without pipelining: F then B per micro-step
+        if zero3:  # the host issues a micro-step's gathers after the last backward returned
+            deps = [*deps, *self._previous]
         boundary = work.micro_batch == cfg.grad_accum - 1
         hooks = not work.forward and self.reducer.start_backward(boundary)
         order = layers if work.forward else tuple(reversed(layers))
@@ -66,9 +69,16 @@ class _Passes:
                 done = [task]
         if hooks:
             self.reducer.flush()  # the backward epilogue reduces what is left in the bucket
+        if hooks and cfg.overlap_comm and not self.job.gloo:
+            # ... and waits for every reduction before the host issues more work
+            # (stage3.py `independent_gradient_partition_epilogue`: the reduction stream's
+            # synchronize(); stage_1_and_2.py: synchronize() with overlap_comm)
+            waits = [*done, *self.reducer.pending()]
+            done = [writer.compute("backward_epilogue_sync", 0.0, Category.BACKWARD, waits)]
         if not work.forward and accumulates_in_fp32(cfg):
             nbytes = 5 * self.job.params()
             done = [writer.memory_pass("fp32_grad_accumulate", nbytes, done)]
+        self._previous = done
         return done[0]
 
 
