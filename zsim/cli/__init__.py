@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from zsim.cli import calibrate, network, plan, run, validate
+from zsim.cli import calibrate, network, plan, run, sweep, validate
 from zsim.cli.output import EXIT_BAD_INPUT, EXIT_INTERRUPTED
 from zsim.errors import InputError
 
@@ -33,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_commands(sub)
     run.add_commands(sub)
     plan.add_commands(sub)
+    sweep.add_commands(sub)
     return parser
 
 

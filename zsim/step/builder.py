@@ -69,10 +69,11 @@ class _Passes:
                 done = [task]
         if hooks:
             self.reducer.flush()  # the backward epilogue reduces what is left in the bucket
-        if hooks and cfg.overlap_comm and not self.job.gloo:
-            # ... and waits for every reduction before the host issues more work
+        if hooks and cfg.overlap_comm and cfg.pp == 1 and not self.job.gloo:
+            # ... and DeepSpeed's engine waits for every reduction before the host issues more
             # (stage3.py `independent_gradient_partition_epilogue`: the reduction stream's
-            # synchronize(); stage_1_and_2.py: synchronize() with overlap_comm)
+            # synchronize(); stage_1_and_2.py: synchronize() with overlap_comm). Pipelines
+            # reduce after their schedule (DeepSpeed) or wait once at its end (Megatron).
             waits = [*done, *self.reducer.pending()]
             done = [writer.compute("backward_epilogue_sync", 0.0, Category.BACKWARD, waits)]
         if not work.forward and accumulates_in_fp32(cfg):
