@@ -11,6 +11,7 @@ import argparse
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,11 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
         "DeepSpeed's per-step buffers fresh pages, 13 ms of page faults per 34 MB, for tens of "
         "steps)",
     )
+    p.add_argument(
+        "--ds-config",
+        type=Path,
+        help="one case as this DeepSpeed config says (e.g. zsim plan --emit DIR's ds_config.json)",
+    )
     p.add_argument("--micro-batch", default="4", help="per-rank micro-batch (default 4)")
     p.add_argument("--grad-accum", default="1", help="gradient accumulation steps (default 1)")
     p.add_argument("--precision", help="fp32, bf16 or fp16 (default fp32 on cpu, fp16 on cuda)")
@@ -131,6 +137,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     cases = [
         _case(args, stage, model, precision, simulated, nodes, ranks_per_node) for stage in stages
     ]
+    if args.ds_config is not None:  # one case, as the file (e.g. `zsim plan --emit`) says
+        cases = [_planned_case(args, cases[0], nodes * ranks_per_node)]
     context = {
         "model_spec": model_spec,
         "requested_topology": args.topology or simulated,
@@ -203,6 +211,21 @@ def _case(
         timeout_s=_int("timeout", args.timeout),
         launches=_int("launches", args.launches),
     )
+
+
+def _planned_case(args: argparse.Namespace, base: Any, world: int) -> Any:
+    """The case a ds_config describes (stage, batch, precision, ZeRO knobs), on `world` ranks."""
+    from zsim.inputs.files import load_mapping
+    from zsim.workload.ds_config import from_ds_config
+
+    cfg = from_ds_config(load_mapping(args.ds_config, "ds_config"))
+    require(
+        cfg.dp == world,
+        "ds_config",
+        f"dp={cfg.dp} (train_batch_size / micro-batch / accumulation)",
+        f"{world}: the ranks this validation runs (a data-parallel plan for them)",
+    )
+    return replace(base, name=f"z{int(cfg.zero_stage)}-planned", parallel=cfg)
 
 
 def _precision(text: str | None, device: str) -> Precision:
