@@ -66,3 +66,28 @@ def test_each_backward_ends_when_its_reductions_do():
     last_reduce_of_first = max(s.end_s for s in reduces if s.start_s < second_forward)
     assert last_reduce_of_first > first_backward_end  # the reductions outlast the backward
     assert second_forward >= last_reduce_of_first
+
+
+def _backward_end(monkeypatch, max_events):
+    monkeypatch.setattr("zsim.step.zero_reduce.MAX_PARAM_REDUCE_EVENTS", max_events)
+    knobs = ZeroKnobs(reduce_bucket_size=1_000_000)
+    cfg = ParallelConfig(dp=8, zero_stage=3, micro_batch=1, knobs=knobs)
+    report = simulate(preset("gpt-350m"), cfg, presets.topology("2x4-ethernet"),
+                      presets.gpu("a100-80gb"))  # fmt: skip
+    spans = [s for s in report.engine.all_spans() if s.rank == 0]
+    backward = [s for s in spans if s.category == "backward" and s.stream == "compute"]
+    flush_ends = sorted(s.end_s for s in spans if s.name == "bucket_scatter")
+    return max(s.end_s for s in backward), flush_ends
+
+
+def test_the_host_waits_when_three_flushes_are_still_reducing(monkeypatch):
+    # stage3.py `__reduce_and_partition_ipg_grads`: with more than max_param_reduce_events = 2
+    # reductions in flight, the host waits for the oldest before it issues the next flush, so
+    # the backward cannot run more than three flushes ahead of its reduce-scatters. Over
+    # 100 GbE with 1M-element buckets it would (a consistency check: the same run without the
+    # throttle)
+    throttled, ends = _backward_end(monkeypatch, 2)
+    free, _ = _backward_end(monkeypatch, 10**9)
+    assert len(ends) > 6
+    assert throttled > free
+    assert throttled >= ends[-4]  # the last hooks waited for all but the last three

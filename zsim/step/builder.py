@@ -65,7 +65,7 @@ class _Passes:
                     writer, layer, work.forward, done, f"{tag}.{layer.name}", gather
                 )
                 if hooks:
-                    self.reducer.grads_ready(layer, task)
+                    task = self.reducer.grads_ready(layer, task) or task
                 done = [task]
         if hooks:
             self.reducer.flush()  # the backward epilogue reduces what is left in the bucket

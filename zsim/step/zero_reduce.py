@@ -25,6 +25,10 @@ from zsim.step.program import Category, Comm, Group, ProgramWriter, Stream, Task
 from zsim.workload.model import Layer, LayerKind
 from zsim.workload.parallel import STAGE0_ALLREDUCE_BUCKET_NUMEL, ZeroStage
 
+MAX_PARAM_REDUCE_EVENTS = 2
+"""ZeRO-3's host throttle: at a flush with more reductions in flight than this, the host waits
+for the oldest (stage3.py `__reduce_and_partition_ipg_grads`, `max_param_reduce_events`)."""
+
 
 @dataclass
 class _Bucket:
@@ -43,6 +47,8 @@ class GradientReducer:
         self._bucket = _Bucket()
         self._last: Task | None = None  # the latest reduction issued
         self._reduced_in_hooks = False  # whether a backward already reduced (boundary skips)
+        self._flushes: list[Task] = []  # this backward's flushes, by their last task
+        self._host_wait: Task | None = None  # the throttle the latest hook ran into
 
     def in_hooks(self, boundary: bool) -> bool:
         """Whether gradients are reduced as backward produces them (DeepSpeed's IPG hooks):
@@ -59,16 +65,19 @@ class GradientReducer:
         """A backward begins: whether its hooks reduce (then the boundary does not again)."""
         hooks = self.in_hooks(boundary)
         self._reduced_in_hooks |= hooks
+        self._flushes = []  # the previous backward's epilogue waited for all of them
         return hooks
 
     def pending(self) -> list[Task]:
         """The latest reduction, which the step's epilogue waits for."""
         return [self._last] if self._last else []
 
-    def grads_ready(self, layer: Layer, done: Task) -> None:
+    def grads_ready(self, layer: Layer, done: Task) -> Task | None:
         """The IPG bucket: flush before a gradient that would overflow reduce_bucket_size; a
         gradient larger than the bucket is reduced alone (stage_1_and_2.py:1414-1450,
-        stage3.py:1569-1645)."""
+        stage3.py:1569-1645). Returns the host's wait when a flush was throttled: the
+        backward's next kernels are issued after it."""
+        self._host_wait = None
         size = self.job.cfg.knobs.reduce_bucket_size
         for tensor in reversed(layer.tensors):
             numel = tensor.per_rank(self.job.cfg.tp)
@@ -78,6 +87,7 @@ class GradientReducer:
             self._bucket.ready = [done]
             if numel > size:
                 self.flush()
+        return self._host_wait
 
     def flush(self, deps: Sequence[Task] = ()) -> None:
         """Reduce the bucket: stage 3 reduce-scatters it; stages 1-2 all-reduce it whole
@@ -87,6 +97,13 @@ class GradientReducer:
         job, cfg, writer = self.job, self.job.cfg, self.writer
         numel, ready = self._bucket.numel, [*self._bucket.ready, *deps]
         self._bucket = _Bucket()
+        throttled = self._throttled()
+        if throttled and len(self._flushes) > MAX_PARAM_REDUCE_EVENTS:
+            oldest = self._flushes[-(MAX_PARAM_REDUCE_EVENTS + 1)]
+            self._host_wait = writer.compute(
+                "reduce_throttle", 0.0, Category.BACKWARD, [*ready, oldest]
+            )
+            ready = [self._host_wait]
         stream = Stream.REDUCE if cfg.overlap_comm else Stream.COMPUTE
         comm_stream = stream
         if (
@@ -111,6 +128,13 @@ class GradientReducer:
             self._last = writer.comm("grad_reduce", comm, Category.GRAD_REDUCE, ready, comm_stream)
             ready = [self._last]
         self._last = writer.memory_pass("bucket_scatter", after, ready, work_stream)
+        if throttled:
+            self._flushes.append(self._last)
+
+    def _throttled(self) -> bool:
+        """ZeRO-3 on CUDA with overlap_comm records an event per flush and throttles on them."""
+        cfg = self.job.cfg
+        return cfg.zero_stage is ZeroStage.PARAMETERS and cfg.overlap_comm and not self.job.gloo
 
     def bucket_passes(self, numel: float) -> tuple[float, float]:
         """Bytes DeepSpeed copies around one bucket's reduction, before and after it.
