@@ -11,6 +11,7 @@ import csv
 import os
 import signal
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -37,15 +38,16 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     pending = [p for p in todo if p.key not in done]
     print(f"sweep: {len(todo)} points, {len(todo) - len(pending)} already in {out}, "
           f"{len(pending)} to run", file=sys.stderr)  # fmt: skip
-    kept = 0
+    kept, started = 0, time.monotonic()
     try:
         with _appender(out, columns) as write:
             for i, row in enumerate(_run(pending, args.cluster, args.workers), 1):
                 write(row)
                 kept += 1
-                _progress(i, len(pending), row)
+                _progress(i, len(pending), row, started)
     except KeyboardInterrupt:
-        print(f"zsim: interrupted; {kept} new results kept in {out}", file=sys.stderr)
+        end = "\n" if sys.stderr.isatty() else ""  # below the progress bar
+        print(f"{end}zsim: interrupted; {kept} new results kept in {out}", file=sys.stderr)
         return EXIT_INTERRUPTED
     if args.plot:
         from zsim.outputs.sweep_plot import sweep_figure
@@ -150,11 +152,19 @@ def _on_dask(pending: Sequence[Point], address: str) -> Iterator[Row]:
         client.close()
 
 
-def _progress(i: int, n: int, row: dict[str, Any]) -> None:
+def _progress(i: int, n: int, row: dict[str, Any], started: float) -> None:
+    """A redrawn bar with the time left on a terminal; one line per point in a log."""
     what = row.get("status", "")
     rate = row.get("tokens_per_s")
     tail = f"{rate:,.0f} tokens/s" if isinstance(rate, float) else row.get("reason", "")
-    print(f"[{i}/{n}] {row['model']} on {row['topology']}: {what} {tail}", file=sys.stderr)
+    point = f"{row['model']} on {row['topology']}: {what} {tail}"
+    if not sys.stderr.isatty():
+        print(f"[{i}/{n}] {point}", file=sys.stderr)
+        return
+    done = int(30 * i / n)
+    left = (time.monotonic() - started) / i * (n - i)
+    bar = f"\r[{'#' * done}{'.' * (30 - done)}] {i}/{n}, {left:,.0f} s left; last: {point}"
+    print(bar[:160].ljust(160), end="\n" if i == n else "", file=sys.stderr, flush=True)
 
 
 def add_commands(sub: Any) -> None:
