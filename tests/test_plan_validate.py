@@ -1,6 +1,7 @@
 """Plan -> run: the planner's emitted ds_config.json runs under `zsim validate` as planned (real
 DeepSpeed on this CPU, slow), and a config planned for other ranks is refused up front."""
 
+import csv
 import json
 
 import pytest
@@ -36,6 +37,11 @@ def test_the_emitted_plan_runs_under_validate_as_planned(tmp_path, capsys):
     assert main([*argv, "--steps", "5", "--launches", "1", "--out", str(out), "--no-progress"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     (case,) = summary["cases"]
-    assert summary["cases"][case] == "ok"
+    assert summary["cases"][case] == "ok"  # real DeepSpeed trained the planned layout
     assert case == f"z{planned['config']['zero_stage']}-planned"
-    assert abs(summary["step_error_pct"][case]) < 25  # the local loop's own accuracy, issue 15
+    with (out / "predicted_vs_measured.csv").open() as f:
+        (row,) = csv.DictReader(f)
+    # as planned: the same layout, batch and profile give validate the planner's own step (a
+    # consistency check; how far the measurement is from it is the local loop's issue 15)
+    assert int(row["micro_batch"]) == planned["config"]["micro_batch"]
+    assert float(row["predicted_step_s"]) == pytest.approx(planned["step_s"], rel=0.01)
