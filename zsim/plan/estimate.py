@@ -20,6 +20,7 @@ optimistic where links are shared; the discrete-event simulation ranks its best 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 
 import simpy
@@ -73,6 +74,10 @@ class Estimator:
         self._passes: dict[tuple[object, ...], tuple[float, float]] = {}
         self._lines: dict[tuple[CollectiveOp, int], tuple[float, float]] = {}
         self._stages: dict[tuple[object, ...], tuple[float, float, int]] = {}
+        self._pipelines: dict[
+            tuple[object, ...],
+            tuple[list[tuple[float, float]], dict[tuple[float, float, int], int]],
+        ] = {}
         self._groups: dict[tuple[object, ...], tuple[int, ...]] = {}
         self._beside: dict[int, tuple[tuple[int, ...], ...]] = {}  # DP group -> its TP peers'
         self._flops: dict[object, float] = {}  # forward FLOPs, message sizes, step passes
@@ -129,13 +134,10 @@ class Estimator:
     def estimate(self, cfg: ParallelConfig) -> Estimate:
         grid = RankGrid(dp=cfg.dp, pp=cfg.pp, tp=cfg.tp)
         kernel = (cfg.pp, cfg.virtual_stages, *_kernel_key(cfg))
-        stages = [self._stage(cfg, s, kernel) for s in range(cfg.pp)]
-        passes = [(f, b) for f, b, _ in stages]
+        passes, firsts = self._pipeline(cfg, kernel)
         slowest = max(f + b for f, b in passes)
         compute = cfg.grad_accum * slowest
         bubble = self._bubble(cfg, grid, passes)
-        # a pipeline's middle stages are alike: each distinct stage's tail once
-        firsts = {stage: s for s, stage in reversed(list(enumerate(stages)))}
         tails = [self._data_parallel(cfg, grid, s, *stage) for stage, s in firsts.items()]
         exposed, optimizer = max(t[:2] for t in tails)
         step = compute + bubble + exposed + optimizer
@@ -155,6 +157,17 @@ class Estimator:
     def job(self, cfg: ParallelConfig, stage: int) -> StageJob:
         return StageJob.of(self.model, cfg, self.device, stage, self.gloo)
 
+    def _pipeline(
+        self, cfg: ParallelConfig, kernel: tuple[object, ...]
+    ) -> tuple[list[tuple[float, float]], dict[tuple[float, float, int], int]]:
+        """Every stage's (forward, backward), and each distinct stage with its first index (a
+        pipeline's middle stages are alike: each distinct stage's tail is timed once)."""
+        if kernel not in self._pipelines:
+            stages = [self._stage(cfg, s, kernel) for s in range(cfg.pp)]
+            firsts = {stage: s for s, stage in reversed(list(enumerate(stages)))}
+            self._pipelines[kernel] = ([(f, b) for f, b, _ in stages], firsts)
+        return self._pipelines[kernel]
+
     def _stage(
         self, cfg: ParallelConfig, stage: int, kernel: tuple[object, ...]
     ) -> tuple[float, float, int]:
@@ -163,8 +176,12 @@ class Estimator:
         key = (stage, *kernel)
         if key not in self._stages:
             job = self.job(cfg, stage)
-            times = [self.layer_pass_s(job, layer) for chunk in job.chunks for layer in chunk]
-            forward, backward = sum(f for f, _ in times), sum(b for _, b in times)
+            # layers of one kind and shape take one time: each such layer timed once
+            alike = Counter((x.kind, len(x.tensors)) for chunk in job.chunks for x in chunk)
+            first = {(x.kind, len(x.tensors)): x for chunk in job.chunks for x in chunk}
+            times = [(n, self.layer_pass_s(job, first[k])) for k, n in alike.items()]
+            forward = sum(n * f for n, (f, _) in times)
+            backward = sum(n * b for n, (_, b) in times)
             held = stage_params(self.model, cfg.pp, cfg.virtual_stages, stage, cfg.tp)
             self._stages[key] = (forward, backward, held)
         return self._stages[key]
