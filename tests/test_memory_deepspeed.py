@@ -65,6 +65,26 @@ def test_zero3_estimator(psi, per_node, nodes):
     assert mine.step_buffers == 4 * min(psi / n, sub_group)
 
 
+@pytest.mark.parametrize(("psi", "per_node", "nodes"), CASES)
+@pytest.mark.parametrize("params_too", [False, True])
+def test_zero3_offload_estimator(psi, per_node, nodes, params_too):
+    # DeepSpeed with the optimizer offloaded: 4L + 2Ψ/N on the GPU (the 16-bit parameter
+    # partition: the gradient partition is on the CPU too), 16Ψ/N on the host per GPU before
+    # its 1.5x buffer factor (master, m, v and an fp32 gradient partition); with the
+    # parameters as well: 4L on the GPU, 18Ψ/N on the host
+    n = per_node * nodes
+    largest = int(psi / 100)
+    cpu, gpu, _ = estimate_zero3_model_states_mem_needs(
+        int(psi), largest, per_node, nodes, cpu_offload=True, cpu_offload_params=params_too
+    )
+    offload = Offload.OPTIMIZER_PARAMS if params_too else Offload.OPTIMIZER
+    cfg = ParallelConfig(dp=n, zero_stage=ZeroStage.PARAMETERS, offload=offload)
+    mine = ledger(from_params(psi), cfg)
+    assert gpu == pytest.approx(4 * largest + mine.model_states, abs=1)
+    assert mine.gradients == 0
+    assert cpu / 1.5 / per_node == pytest.approx(mine.host_offloaded, rel=1e-9)
+
+
 # Held by a real DeepSpeed 0.19.8 engine (2 CPU ranks, gloo, fp32, torch Adam) for
 # 8 x Linear(1024, 1024): bytes of rank 0's storages after step 2, deduplicated
 # (docs/deepspeed-0.19-semantics.md). The engine's scalars (Adam step, norm: 8-13 bytes) are

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, fields, replace
 
+from zsim.cluster.device import DeviceProfile
 from zsim.step import zero3
 from zsim.workload.layout import rank_layers, stage_layers
 from zsim.workload.model import Layer, LayerKind, ModelKind, ModelSpec
@@ -90,6 +91,15 @@ class MemoryLedger:
 # ---- the ledger ---------------------------------------------------------------------------
 
 
+def overflow_bytes(ledger: MemoryLedger, device: DeviceProfile) -> float:
+    """How far `ledger` is over what the device holds, or over its share of the host's DRAM
+    when it offloads (where the preset gives one); <= 0 fits."""
+    over = ledger.device_total - device.usable_bytes
+    if device.host_memory_bytes > 0:
+        over = max(over, ledger.host_offloaded - device.host_memory_bytes)
+    return over
+
+
 def model_state_bytes(params: float, cfg: ParallelConfig) -> tuple[float, float, float, float]:
     """(parameters, gradients, optimizer, offloaded-to-host) bytes on one rank for `params`
     parameters held by its TP/PP slice."""
@@ -101,9 +111,13 @@ def model_state_bytes(params: float, cfg: ParallelConfig) -> tuple[float, float,
     o = params * per.optimizer / (nd if stage >= ZeroStage.OPTIMIZER else 1)
     host = 0.0
     if cfg.offload is not Offload.NONE:
-        # ZeRO-Offload: master, m, v and an fp32 gradient partition live on the host
+        # ZeRO-Offload: master, m, v and an fp32 gradient partition live on the host; ZeRO-3
+        # also keeps its gradient partitions there (stage3.py: `grad_partitions_flat_buffer` on
+        # `self.device`, the CPU with offload_optimizer), ZeRO-1/2 on the GPU
         host += o + params * FP32_BYTES / nd
         o = 0.0
+        if stage is ZeroStage.PARAMETERS:
+            g = 0.0
     if cfg.offload is Offload.OPTIMIZER_PARAMS:
         host += p
         p = 0.0

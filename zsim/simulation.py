@@ -14,7 +14,7 @@ from zsim.cluster.fabric import Backend
 from zsim.cluster.grid import RankGrid
 from zsim.cluster.topology import Topology
 from zsim.errors import require
-from zsim.memory import MemoryLedger, peak_ledger
+from zsim.memory import MemoryLedger, overflow_bytes, peak_ledger
 from zsim.network.communicator import Communicator
 from zsim.step.builder import build_program
 from zsim.step.engine import Engine
@@ -169,6 +169,6 @@ def simulate(
         link_traffic_bytes=dict(result.link_bytes),
         memory=ledger,
         memory_pipeline_stage=pipeline_stage,
-        fits=ledger.device_total <= device.usable_bytes,
+        fits=overflow_bytes(ledger, device) <= 0,
         engine=result,
     )

@@ -167,6 +167,7 @@ PROFILE_FIELDS: dict[str, Parse] = {
     "host_link_bytes_per_s": _positive,
     "optimizer_bytes_per_s": _positive,
     "host_adam_params_per_s": _non_negative,
+    "host_memory_bytes": _non_negative,
     "layer_times": _records(LayerTime),
     "links": _records(LinkFit, ("latency_s",)),
     "call_latency_s": _optional(_non_negative),

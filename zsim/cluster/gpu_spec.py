@@ -19,6 +19,17 @@ from zsim.errors import positive_number, require
 CPU_ADAM_COPY_FRACTION = 0.95
 
 
+def host_memory_bytes(spec: Mapping[str, Any]) -> float:
+    """One GPU's rank's share of its host's DRAM (spec sheet), which offload fills; 0 when
+    the preset gives none (then it is not checked)."""
+    host = spec.get("host")
+    if not isinstance(host, Mapping) or "memory_GB" not in host:
+        return 0.0
+    name = spec.get("name", "?")
+    total = positive_number(f"{name}.host.memory_GB", host.get("memory_GB")) * GB
+    return total / positive_number(f"{name}.host.gpus", host.get("gpus"))
+
+
 def host_adam_params_per_s(spec: Mapping[str, Any]) -> float:
     """Offload's CPU Adam rate for one GPU's rank: its share of the host's DRAM bandwidth
     (spec sheet; the GPUs of one host share it) at the fraction CPU Adam reaches of a copy.
@@ -97,6 +108,7 @@ def profile_from_spec(
         host_link_bytes_per_s=host_link,
         optimizer_bytes_per_s=mem_rate,
         host_adam_params_per_s=host_adam_params_per_s(spec),
+        host_memory_bytes=host_memory_bytes(spec),
         notes=tuple(notes),
     )
 

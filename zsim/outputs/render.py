@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from zsim.cluster.device import GB, DeviceProfile
-from zsim.memory import MemoryLedger
+from zsim.memory import MemoryLedger, overflow_bytes
 from zsim.simulation import Report
 from zsim.workload.model import ModelKind, ModelSpec
 from zsim.workload.parallel import ParallelConfig, ZeroStage
@@ -76,14 +76,10 @@ def memory_report(
     for stage, (pp_stage, ledger) in ledgers.items():
         row: dict[str, Any] = {f"{k}_GB": gb(v) for k, v in ledger.as_dict().items()}
         row["pipeline_stage"] = pp_stage
-        row["fits"] = ledger.device_total <= device.usable_bytes
+        row["fits"] = overflow_bytes(ledger, device) <= 0
         stages[str(int(stage))] = row
     first = next(
-        (
-            int(s)
-            for s, (_, ledger) in ledgers.items()
-            if ledger.device_total <= device.usable_bytes
-        ),
+        (int(s) for s, (_, ledger) in ledgers.items() if overflow_bytes(ledger, device) <= 0),
         None,
     )
     parallel = parallel_summary(cfg)

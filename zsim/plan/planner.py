@@ -16,7 +16,7 @@ from enum import StrEnum
 from zsim.cluster.device import DeviceProfile
 from zsim.cluster.topology import Topology
 from zsim.errors import require
-from zsim.memory import MemoryLedger, peak_ledger
+from zsim.memory import MemoryLedger, overflow_bytes, peak_ledger
 from zsim.plan.estimate import Estimate, Estimator
 from zsim.plan.space import Space, layouts
 from zsim.simulation import Report, simulate
@@ -89,9 +89,10 @@ def plan(
     for cfg in layouts(model, topology.world_size, gpus_per_node, global_batch, space):
         count += 1
         stage, ledger = peak_ledger(model, cfg)
-        over = ledger.device_total - device.usable_bytes
+        over = overflow_bytes(ledger, device)
         if over > 0:
-            misses.append(Miss(cfg, ledger, over, _largest(ledger)))
+            host = ledger.host_offloaded - device.host_memory_bytes >= over > 0
+            misses.append(Miss(cfg, ledger, over, "host_offloaded" if host else _largest(ledger)))
         else:
             fitting.append(Candidate(cfg, ledger, stage, estimator.estimate(cfg)))
         if progress and count % 500 == 0:
