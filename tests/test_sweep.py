@@ -98,6 +98,11 @@ def test_a_dask_cluster_gives_the_rows_of_the_local_pool(tmp_path):
     assert local == remote
 
 
+def test_no_workers_is_one_line_and_exit_2(tmp_path, capsys):
+    assert main(["sweep", str(_spec(tmp_path)), "--workers", "0"]) == 2
+    assert "workers=0" in capsys.readouterr().err
+
+
 def test_an_unreachable_cluster_is_one_line_and_exit_2(tmp_path, capsys):
     spec = _spec(tmp_path)
     assert main(["sweep", str(spec), "--cluster", "tcp://127.0.0.1:9"]) == 2

@@ -30,6 +30,7 @@ RESULTS = (
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    require(args.workers is None or args.workers >= 1, "workers", args.workers, "at least 1")
     spec = load_mapping(args.spec, "sweep spec")
     todo = points(spec, args.spec.name)
     out: Path = args.out or args.spec.with_suffix(".csv")
