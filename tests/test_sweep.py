@@ -125,7 +125,8 @@ def test_ctrl_c_keeps_every_finished_row(tmp_path):
     assert "Traceback" not in err
     kept = _rows(out)
     assert 2 <= len(kept) < 16
-    assert all(r["status"] == "ok" and r["step_s"] for r in kept)  # whole rows only
+    # whole rows only (micro-batch 8 does not fit an A100 at stage 1: still a whole row)
+    assert all(r["status"] in ("ok", "does not fit") and r["step_s"] for r in kept)
 
 
 def test_plan_mode_records_each_clusters_winner(tmp_path):
