@@ -22,3 +22,26 @@ def test_ctrl_c_during_a_long_run_leaves_no_output_file(tmp_path):
     assert err.strip() == "zsim: interrupted"
     assert "Traceback" not in out + err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_ctrl_c_python_swallowed_still_stops_the_run(tmp_path, monkeypatch, capsys):
+    # a Ctrl-C that lands while a finalizer runs (a simpy generator being collected) is only
+    # "Exception ignored" by Python; zsim keeps it and stops before writing anything
+    from zsim.cli import main
+    from zsim.cli import run as run_command
+
+    class Finalizer:
+        def __del__(self):
+            raise KeyboardInterrupt
+
+    real = run_command.simulate
+
+    def simulate(*args, **kwargs):
+        Finalizer()  # collected at once: its KeyboardInterrupt goes to sys.unraisablehook
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(run_command, "simulate", simulate)
+    plot = tmp_path / "step.png"
+    assert main(["run", "--topology", "1x8-nvlink", "--plot", str(plot)]) == 130
+    assert capsys.readouterr().err.strip() == "zsim: interrupted"
+    assert not plot.exists()

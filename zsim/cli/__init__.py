@@ -10,7 +10,12 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from zsim.cli import calibrate, network, plan, run, sweep, validate
-from zsim.cli.output import EXIT_BAD_INPUT, EXIT_INTERRUPTED
+from zsim.cli.output import (
+    EXIT_BAD_INPUT,
+    EXIT_INTERRUPTED,
+    catch_swallowed_interrupts,
+    check_interrupted,
+)
 from zsim.errors import InputError
 
 
@@ -56,11 +61,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(_attach_negative_values(sys.argv[1:] if argv is None else argv))
     func: Callable[[argparse.Namespace], int] = args.func
+    previous_hook = catch_swallowed_interrupts()
     try:
-        return func(args)
+        code = func(args)
+        check_interrupted()
+        return code
     except InputError as exc:
         print(f"zsim: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("zsim: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    finally:
+        sys.unraisablehook = previous_hook

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +15,43 @@ EXIT_DOES_NOT_FIT = 3  # the layout's memory exceeds the GPU's (results still pr
 EXIT_INTERRUPTED = 130  # Ctrl-C; no output file is left half-written
 
 
+class _Interrupt:
+    """A Ctrl-C that Python swallowed: one that arrived while a finalizer ran (a simpy
+    process's generator being collected) is reported as "Exception ignored" and dropped.
+    `hook` records it instead, and `check` raises it at the next output or at the end."""
+
+    seen = False
+
+    @classmethod
+    def hook(cls, unraisable: Any) -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            cls.seen = True
+        else:
+            sys.__unraisablehook__(unraisable)
+
+    @classmethod
+    def check(cls) -> None:
+        if cls.seen:
+            raise KeyboardInterrupt
+
+
+def catch_swallowed_interrupts() -> Any:
+    """Keep a Ctrl-C that arrives inside a finalizer (see `_Interrupt`); returns the hook it
+    replaced, to put back."""
+    _Interrupt.seen = False
+    previous = sys.unraisablehook
+    sys.unraisablehook = _Interrupt.hook
+    return previous
+
+
+def check_interrupted() -> None:
+    """Raise KeyboardInterrupt if a Ctrl-C was swallowed on the way here."""
+    _Interrupt.check()
+
+
 def write_output(path: Path, content: Any) -> None:
     """Write a file through a temporary name, so a failure leaves no half-written file."""
+    check_interrupted()
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         if isinstance(content, str):
