@@ -30,7 +30,7 @@ from results_md import write_block
 
 from zsim.inputs import presets
 from zsim.memory import peak_ledger
-from zsim.plan.estimate import Estimator
+from zsim.plan.estimate import Estimator, spearman
 from zsim.plan.planner import plan
 from zsim.plan.space import layouts
 from zsim.simulation import simulate
@@ -137,20 +137,6 @@ def _layout(cfg: object) -> str:
     from zsim.plan.advice import describe
 
     return describe(cfg)  # type: ignore[arg-type]
-
-
-def spearman(a: list[float], b: list[float]) -> float:
-    ra, rb = _ranks(a), _ranks(b)
-    n = len(a)
-    return 1 - 6 * sum((x - y) ** 2 for x, y in zip(ra, rb, strict=True)) / (n * (n * n - 1))
-
-
-def _ranks(values: list[float]) -> list[int]:
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    ranks = [0] * len(values)
-    for rank, i in enumerate(order):
-        ranks[i] = rank
-    return ranks
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,7 @@ import pytest
 
 from zsim.cli import main
 from zsim.inputs import presets
-from zsim.plan.estimate import Estimator
+from zsim.plan.estimate import Estimator, spearman
 from zsim.plan.planner import plan
 from zsim.plan.space import Space, layouts
 from zsim.simulation import simulate
@@ -99,21 +99,7 @@ def test_the_closed_form_ranks_layouts_as_the_simulator_does():
     simulated = [simulate(model, c, topo, gpu).step_time_s for c in sample]
     assert space.max_micro_batch == 4
     assert len(sample) >= 10
-    assert _spearman(closed, simulated) >= 0.9
-
-
-def _spearman(a: list[float], b: list[float]) -> float:
-    ra, rb = _ranks(a), _ranks(b)
-    n = len(a)
-    return 1 - 6 * sum((x - y) ** 2 for x, y in zip(ra, rb, strict=True)) / (n * (n * n - 1))
-
-
-def _ranks(values: list[float]) -> list[int]:
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    ranks = [0] * len(values)
-    for rank, i in enumerate(order):
-        ranks[i] = rank
-    return ranks
+    assert spearman(closed, simulated) >= 0.9
 
 
 def test_an_impossible_request_names_the_closest_misses_and_exits_1(capsys):

@@ -62,9 +62,9 @@ def _finished(out: Path, columns: list[str]) -> set[str]:
     """The keys already in `out` (the resume); its header must be this spec's."""
     if not out.exists():
         return set()
-    rows = _read(out)
     with out.open(newline="", encoding="utf-8") as f:
-        header = next(csv.reader(f), [])
+        reader = csv.DictReader(f)
+        header, rows = list(reader.fieldnames or ()), list(reader)
     require(
         header == columns,
         "--out",

@@ -30,6 +30,13 @@ class ClusterName:
     nic_rate_bytes_per_s: float | None  # from a -RATE suffix (tc's units: bits per second)
 
 
+def fabric_of(name: str) -> str:
+    """The fabric part of a cluster name (`4x8-dgx-a100` -> `dgx-a100`), without checking it
+    is a preset; anything else (a cluster file's path) as it is."""
+    match = _NAME.match(name)
+    return match.group(3) if match else name
+
+
 def parse_cluster_name(name: str, fabrics: Collection[str]) -> ClusterName:
     match = _NAME.match(name)
     if not match:

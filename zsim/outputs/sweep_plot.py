@@ -13,11 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-
-def _fabric(topology: str) -> str:
-    """`4x8-dgx-a100` -> `dgx-a100`; a file's name as it is."""
-    head, _, rest = topology.partition("-")
-    return rest if "x" in head and rest else topology
+from zsim.cluster.names import fabric_of
 
 
 def sweep_figure(rows: Sequence[Mapping[str, str]]) -> Figure:
@@ -26,7 +22,7 @@ def sweep_figure(rows: Sequence[Mapping[str, str]]) -> Figure:
     best: dict[tuple[str, str], tuple[float, str]] = {}
     for r in ok:
         rate, gpus = float(r["tokens_per_s_per_gpu"]), int(r["gpus"])
-        line = lines[(r["model"], _fabric(r["topology"]), r.get("stage") or "plan")]
+        line = lines[(r["model"], fabric_of(r["topology"]), r.get("stage") or "plan")]
         line[gpus] = max(rate, line.get(gpus, 0.0))
         label = r.get("layout") or f"ZeRO-{r.get('stage', '?')} tp{r.get('tp') or 1}"
         label += f" pp{r.get('pp') or 1}" if not r.get("layout") else ""

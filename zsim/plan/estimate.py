@@ -73,7 +73,6 @@ class Estimator:
         self.gloo = topology.fabric.backend is Backend.GLOO
         self._passes: dict[tuple[object, ...], tuple[float, float]] = {}
         self._lines: dict[tuple[CollectiveOp, int], tuple[float, float]] = {}
-        self._stages: dict[tuple[object, ...], tuple[float, float, int]] = {}
         self._pipelines: dict[
             tuple[object, ...],
             tuple[list[tuple[float, float]], dict[tuple[float, float, int], int]],
@@ -161,30 +160,26 @@ class Estimator:
         self, cfg: ParallelConfig, kernel: tuple[object, ...]
     ) -> tuple[list[tuple[float, float]], dict[tuple[float, float, int], int]]:
         """Every stage's (forward, backward), and each distinct stage with its first index (a
-        pipeline's middle stages are alike: each distinct stage's tail is timed once)."""
+        pipeline's middle stages are alike: each distinct stage's tail is timed once), kept
+        by `kernel`: the split and what a layer's pass depends on."""
         if kernel not in self._pipelines:
-            stages = [self._stage(cfg, s, kernel) for s in range(cfg.pp)]
+            stages = [self._stage(cfg, s) for s in range(cfg.pp)]
             firsts = {stage: s for s, stage in reversed(list(enumerate(stages)))}
             self._pipelines[kernel] = ([(f, b) for f, b, _ in stages], firsts)
         return self._pipelines[kernel]
 
-    def _stage(
-        self, cfg: ParallelConfig, stage: int, kernel: tuple[object, ...]
-    ) -> tuple[float, float, int]:
-        """(forward, backward of one micro-batch, parameters held) of a pipeline stage's rank,
-        cached by what decides them (`kernel`: the split and what a layer's pass depends on)."""
-        key = (stage, *kernel)
-        if key not in self._stages:
-            job = self.job(cfg, stage)
-            # layers of one kind and shape take one time: each such layer timed once
-            alike = Counter((x.kind, len(x.tensors)) for chunk in job.chunks for x in chunk)
-            first = {(x.kind, len(x.tensors)): x for chunk in job.chunks for x in chunk}
-            times = [(n, self.layer_pass_s(job, first[k])) for k, n in alike.items()]
-            forward = sum(n * f for n, (f, _) in times)
-            backward = sum(n * b for n, (_, b) in times)
-            held = stage_params(self.model, cfg.pp, cfg.virtual_stages, stage, cfg.tp)
-            self._stages[key] = (forward, backward, held)
-        return self._stages[key]
+    def _stage(self, cfg: ParallelConfig, stage: int) -> tuple[float, float, int]:
+        """(forward, backward of one micro-batch, parameters held) of a pipeline stage's rank
+        (`_pipeline` keeps them, by what decides them)."""
+        job = self.job(cfg, stage)
+        # layers of one kind and shape take one time: each such layer timed once
+        alike = Counter((x.kind, len(x.tensors)) for chunk in job.chunks for x in chunk)
+        first = {(x.kind, len(x.tensors)): x for chunk in job.chunks for x in chunk}
+        times = [(n, self.layer_pass_s(job, first[k])) for k, n in alike.items()]
+        forward = sum(n * f for n, (f, _) in times)
+        backward = sum(n * b for n, (_, b) in times)
+        held = stage_params(self.model, cfg.pp, cfg.virtual_stages, stage, cfg.tp)
+        return forward, backward, held
 
     def _forward_flops(self, micro_batch: int) -> float:
         if micro_batch not in self._flops:
@@ -324,3 +319,19 @@ class Estimator:
 def _kernel_key(c: ParallelConfig) -> tuple[object, ...]:
     """What a layer's pass time depends on."""
     return (c.tp, c.micro_batch, c.recompute, c.sequence_parallel, c.flash_attention, c.precision)
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    """Spearman's rank correlation of two lists without ties: how alike the two tiers order
+    the same layouts."""
+    ra, rb = _ranks(a), _ranks(b)
+    n = len(a)
+    return 1 - 6 * sum((x - y) ** 2 for x, y in zip(ra, rb, strict=True)) / (n * (n * n - 1))
+
+
+def _ranks(values: list[float]) -> list[int]:
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0] * len(values)
+    for rank, i in enumerate(order):
+        ranks[i] = rank
+    return ranks
