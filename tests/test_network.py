@@ -96,9 +96,9 @@ def test_flows_started_together_are_settled_once():
 def test_traffic_is_booked_per_gpu_and_link_class():
     topo = presets.topology("2x4-ethernet")
     _, net = _run(topo, [(0.0, Flow(0, 4, 1e6)), (0.0, Flow(0, 1, 2e6)), (0.0, Flow(3, 3, 5e6))])
-    assert net.sent_bytes[0] == pytest.approx(3e6)
-    assert net.received_bytes[4] == pytest.approx(1e6)
-    assert net.received_bytes[3] == 0  # a local copy is not network traffic
+    assert net.booked.per_gpu(source=True)[0] == pytest.approx(3e6)
+    assert net.booked.per_gpu(source=False)[4] == pytest.approx(1e6)
+    assert net.booked.per_gpu(source=False)[3] == 0  # a local copy is not network traffic
     by_class = net.bytes_by_link_class()
     assert by_class["ethernet"] == pytest.approx(2 * 1e6)  # NIC -> leaf -> NIC
     assert by_class["pcie"] == pytest.approx(6 * 1e6 + 2 * 2e6)
@@ -110,7 +110,7 @@ def test_repeat_coalesces_identical_steps():
     net = FlowNetwork(env, topo)
     env.run(net.start([Flow(0, 1, 1e6), Flow(1, 2, 1e6)], repeat=5))
     assert env.now == pytest.approx(5 * (2e-6 + 1e6 / B))
-    assert net.sent_bytes[0] == pytest.approx(5e6)
+    assert net.booked.per_gpu(source=True)[0] == pytest.approx(5e6)
 
 
 @pytest.mark.parametrize(

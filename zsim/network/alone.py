@@ -8,29 +8,52 @@ converts it), so the times are those of simulating it as a flow throughout."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
+import numpy as np
 import simpy
+
+from zsim.network.active import ActiveCohorts
+from zsim.network.rates import FlowSets
+
+
+class AloneTerms(NamedTuple):
+    """A send timed alone: its flow set, the capacities it draws on, its route's latency and
+    its lone rate (the narrowest capacity)."""
+
+    flow_set: int
+    resources: tuple[int, ...]
+    latency_s: float
+    rate: float
+    alongside: int = -1  # the flow set of its copies (-1: none)
+
+    @property
+    def flow_sets(self) -> tuple[int, ...]:
+        """Its own flow set and its copies', if any."""
+        return (self.flow_set,) if self.alongside < 0 else (self.flow_set, self.alongside)
 
 
 @dataclass(eq=False)
 class Lone:
-    """A transfer timed alone: `nbytes` of flow set `flow_set`, moving from `data_at` at `rate`
-    until `ends`; `event` fires then (or when it ends as a flow, once converted)."""
+    """A transfer timed alone (`terms`): `nbytes` moving from `data_at` at the lone rate until
+    `ends`; `event` fires then (or when it ends as a flow, once converted). Its copies on other
+    ranks (`terms.alongside`), which only load the links, move with it at the same rate."""
 
-    flow_set: int
+    terms: AloneTerms
     nbytes: float
     data_at: float
-    rate: float
     ends: float
     event: simpy.Event
-    resources: tuple[int, ...]
     active: bool = True
+
+    @property
+    def resources(self) -> tuple[int, ...]:
+        return self.terms.resources
 
     def left(self, now: float) -> float:
         """Bytes still to move at `now` (all of them before its data starts)."""
-        return (
-            self.nbytes if now <= self.data_at else self.nbytes - self.rate * (now - self.data_at)
-        )
+        moved = 0.0 if now <= self.data_at else self.terms.rate * (now - self.data_at)
+        return self.nbytes - moved
 
 
 class LoneTransfers:
@@ -59,3 +82,36 @@ class LoneTransfers:
 
     def all(self) -> list[Lone]:
         return list({id(lone): lone for lone in self._by_resource.values()}.values())
+
+
+def solve_alone(
+    sets: FlowSets,
+    index: ActiveCohorts[Any],
+    src: int,
+    dst: int,
+    alongside: tuple[tuple[int, int], ...],
+) -> AloneTerms | None:
+    """How a send src -> dst, with its copies, is timed alone (`FlowNetwork.alone_terms`);
+    None when it cannot be: it crosses no link, draws on too many capacities to track, or its
+    copies would move at another rate or after another latency than it."""
+    mine = sets.pattern(np.array([src]), np.array([dst]))
+    flow_set, others = mine.moving_set, -1
+    resources = index.small_resources(flow_set) if flow_set >= 0 else None
+    if resources is None:
+        return None
+    if alongside:
+        theirs = sets.pattern(
+            np.array([s for s, _ in alongside]), np.array([d for _, d in alongside])
+        )
+        others = theirs.moving_set
+        more = index.small_resources(others) if others >= 0 else None
+        if more is None or theirs.local_count or len(theirs.by_latency) != 1:
+            return None
+        if theirs.by_latency[0][0] != mine.by_latency[0][0]:
+            return None  # the copies' data would start at another time
+        resources = tuple(sorted({*resources, *more}))
+    solved = sets.rates(tuple(sorted({flow_set, others} - {-1})))
+    rates = {rate for parts in solved for _, rate in parts}
+    if len(rates) != 1:
+        return None  # the copies would not move as one
+    return AloneTerms(flow_set, resources, mine.by_latency[0][0], rates.pop(), others)

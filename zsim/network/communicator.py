@@ -112,16 +112,34 @@ class Communicator:
                 self.env.process(run_plan(self.network, self.plan(other), self.exact_steps))
         return process
 
-    def send(self, call: CollectiveCall) -> simpy.Event:
+    def send(self, call: CollectiveCall, alongside: Sequence[CollectiveCall] = ()) -> simpy.Event:
         """A point-to-point send, timed alone while nothing shares its links
-        (`FlowNetwork.transfer_alone`) when its plan is one flow and no local work; the event
-        fires when it has arrived."""
+        (`FlowNetwork.transfer_alone`) when its plan and its copies' are one flow and no local
+        work; the event fires when it has arrived. `alongside`: the same send on other ranks."""
+        alone = self.lone_send(call, alongside)
+        if alone is None:
+            return self.run(call, alongside)
+        src, dst, nbytes, delay_s, pairs = alone
+        return self.network.transfer_alone(src, dst, nbytes, delay_s, pairs)
+
+    def lone_send(
+        self, call: CollectiveCall, alongside: Sequence[CollectiveCall] = ()
+    ) -> tuple[int, int, float, float, tuple[tuple[int, int], ...]] | None:
+        """(source, destination, bytes, call latency, the copies' pairs) of a send that may be
+        timed alone: its plan and its copies' are one flow each with no local work (None
+        otherwise, or with `exact_steps`)."""
+        flows = [self._one_flow(c) for c in (call, *alongside)]
+        if any(f is None for f in flows) or self.exact_steps:
+            return None
+        pairs = tuple((f[0], f[1]) for f in flows if f is not None)
+        return (*pairs[0], call.nbytes, self.plan(call).overhead_s, pairs[1:])
+
+    def _one_flow(self, call: CollectiveCall) -> tuple[int, int] | None:
         chosen = self.plan(call)
         phase = chosen.phases[0] if len(chosen.phases) == 1 else None
-        if phase is None or phase.local_s > 0 or phase.size != 1 or self.exact_steps:
-            return self.run(call)
-        src, dst = int(phase.src[0]), int(phase.dst[0])
-        return self.network.transfer_alone(src, dst, phase.nbytes, chosen.overhead_s)
+        if phase is None or phase.local_s > 0 or phase.size != 1:
+            return None
+        return int(phase.src[0]), int(phase.dst[0])
 
     def collective(
         self,

@@ -1,13 +1,10 @@
 """A flow-level network on simpy: transfers share links max-min fair.
 
-A transfer is a flow of bytes along its route. It first waits for the route's latency (the
-sum of its links' latencies, paid once before any data moves), then streams. All flows in
-their data phase share every link max-min fair (progressive filling: raise every unfrozen
-flow's rate equally until a link fills, freeze the flows crossing it, repeat). Rates change
-only when the set of flows changes, so they are recomputed then, and only then: flows that
-start or end at the same simulated instant are settled in one recomputation (the settle step
-defers itself while other events are still queued for that instant), and between changes
-every rate is constant, so the next event is simply the earliest finish.
+A transfer is a flow of bytes along its route: it waits for the route's latency (its links'
+latencies, paid once), then streams. Flows in their data phase share every link max-min fair
+(progressive filling). Rates change only when the set of flows changes, so they are recomputed
+then, once per instant (the settle step runs after every other event of that instant), and
+between changes every rate is constant: the next event is the earliest finish.
 
 Flows are held in cohorts: flows of one phase that started together and have had the same
 rate all along, so they hold the same bytes; a cohort is advanced, finished and booked as one
@@ -17,19 +14,15 @@ set of active cohorts (`zsim.network.rates`) and reused whenever that set recurs
 every layer of a step; a cohort whose flows get different rates splits into cohorts of equal
 rates. This gives exactly the rates and times of solving every flow at every change.
 
-Links are shared through their capacities: `topology.resource` maps an edge to the capacity it
-draws on, the edge itself except for half-duplex pairs (a CPU rank's loopback TCP stack), whose
-two directions fill one capacity together.
+Links are shared through their capacities (`topology.resource`: the edge itself, except that
+a half-duplex pair's two directions, a CPU rank's loopback TCP stack, fill one together).
 
 A phase may stand for `repeat` identical consecutive steps, as a ring's n-1 steps are: its
 flows carry `repeat` x bytes and pay `repeat` x latency in one go. That equals the step-by-step
 result exactly while the rates stay constant (no other flow starts or ends on a shared link
 meanwhile, and the phase's own flows end together, as on a uniform network). When they do
 not, the coalesced phase behaves like a pipelined ring with no barrier between steps, which is
-what NCCL and gloo run.
-
-Bytes of every finished flow are booked to its source and destination GPU and to each link it
-crossed, so traffic reports come from the simulated flows themselves.
+what NCCL and gloo run. Every finished flow is booked (`zsim.network.booked`).
 """
 
 from __future__ import annotations
@@ -43,16 +36,18 @@ import numpy as np
 import simpy
 from simpy.events import EventPriority
 
-from zsim.cluster.build import CLASSES, FloatArray, IntArray
+from zsim.cluster.build import IntArray
 from zsim.cluster.fabric import LinkClass
 from zsim.cluster.topology import Topology
 from zsim.errors import require
 from zsim.network.active import ActiveCohorts as _ActiveCohorts
-from zsim.network.alone import Lone, LoneTransfers
+from zsim.network.alone import AloneTerms, Lone, LoneTransfers, solve_alone
+from zsim.network.booked import Booked
 from zsim.network.rates import FlowSets, max_min_rates
 
 __all__ = ["Flow", "FlowGroup", "FlowNetwork", "max_min_rates"]
 
+Pairs = tuple[tuple[int, int], ...]  # (source, destination) GPUs
 _LAST = EventPriority(2)  # after simpy's URGENT (0) and NORMAL (1): the end of an instant
 _TIME_TOL_REL = 1e-9  # flows finishing within this relative time of each other end together
 _TIME_TOL_ABS_S = 1e-15
@@ -126,10 +121,9 @@ class FlowNetwork:
         self._wake_at: float | None = None
         self._settle_pending = False
         self._lone = LoneTransfers()
-        self._booked: list[tuple[int, float]] = []  # (flow set, bytes per flow) of ended flows
-        self._class_bytes = np.zeros(len(CLASSES))
+        self._alone_terms: dict[tuple[object, ...], AloneTerms | None] = {}
+        self.booked = Booked(topology, self.sets)
         self.recomputations = 0
-        self.flows_finished = 0
 
     # ---- public ---------------------------------------------------------------------
 
@@ -165,54 +159,80 @@ class FlowNetwork:
                 self._start([group], None)
         return event
 
-    def transfer_alone(self, src: int, dst: int, nbytes: float, delay_s: float) -> simpy.Event:
+    def alone_terms(self, src: int, dst: int, alongside: Pairs = ()) -> AloneTerms | None:
+        """How a send src -> dst (with copies `alongside` that only load the links) is timed
+        alone, memoised; None when it cannot be (`zsim.network.alone.solve_alone`)."""
+        key = (src, dst, alongside)
+        if key not in self._alone_terms:
+            self._alone_terms[key] = solve_alone(self.sets, self._index, src, dst, alongside)
+        return self._alone_terms[key]
+
+    def transfer_alone(
+        self, src: int, dst: int, nbytes: float, delay_s: float, alongside: Pairs = ()
+    ) -> simpy.Event:
         """One flow whose data starts after `delay_s` (the call's latency) plus its route's
         latency, timed alone while nothing shares its capacities (`zsim.network.alone`); the
-        event fires when its last byte arrives."""
+        event fires when its last byte arrives. `alongside`: its copies, which only load the
+        links (started as flows with it when it cannot be timed alone)."""
         event = self.env.event()
-        pattern = self.sets.pattern(np.array([src]), np.array([dst]))
-        flow_set = pattern.moving_set
-        resources = self._index.small_resources(flow_set) if flow_set >= 0 else None
+        terms = self.alone_terms(src, dst, alongside)
         if (
-            resources is None
+            terms is None
             or nbytes <= 0
-            or self._index.shares(flow_set)
-            or (self._lone.on(resources))
+            or any(self._index.shares(f) for f in terms.flow_sets)
+            or (self._lone.on(terms.resources))
         ):
-            for other in self._lone.on(resources or ()):
+            for other in self._lone.on(terms.resources if terms else ()):
                 self._convert(other)  # two sends on one capacity: both are flows
-            group = FlowGroup(np.array([src]), np.array([dst]), nbytes)
-            self._after(delay_s, lambda: self._start([group], event))
+            self._after(delay_s, lambda: self._start_flows(src, dst, nbytes, alongside, event))
             return event
-        rate = self.sets.rates((flow_set,))[0][0][1]
-        data_at = self.env.now + delay_s + pattern.by_latency[0][0]
-        lone = Lone(flow_set, nbytes, data_at, rate, data_at + nbytes / rate, event, resources)
+        data_at = self.env.now + delay_s + terms.latency_s
+        self.resume_alone(terms, nbytes, data_at, data_at + nbytes / terms.rate, event)
+        return event
+
+    def _start_flows(
+        self, src: int, dst: int, nbytes: float, alongside: Pairs, event: simpy.Event
+    ) -> None:
+        copies = np.array(alongside, dtype=np.int64).reshape(-1, 2)
+        self._start([FlowGroup(np.array([src]), np.array([dst]), nbytes)], event)
+        self._start([FlowGroup(copies[:, 0], copies[:, 1], nbytes)], None)
+
+    def resume_alone(
+        self, terms: AloneTerms, nbytes: float, data_at: float, ends: float, event: simpy.Event
+    ) -> None:
+        """Time a send alone from now to `ends` (also one that began before now, timed by the
+        engine's fixed-time prefix); `event` fires when it ends."""
+        lone = Lone(terms, nbytes, data_at, ends, event)
         self._lone.add(lone)
         self.env.timeout(max(lone.ends - self.env.now, 0.0)).callbacks.append(
             lambda _e: self._lone_ends(lone)
         )
-        return event
 
     def _lone_ends(self, lone: Lone) -> None:
         if not lone.active:
             return  # converted: it ends as a flow
         self._lone.remove(lone)
-        self.flows_finished += 1
-        self._booked.append((lone.flow_set, lone.nbytes))
-        self._class_bytes += lone.nbytes * self.sets.flow_set(lone.flow_set).class_pairs
+        for flow_set in lone.terms.flow_sets:
+            self.booked.book(flow_set, lone.nbytes)
         lone.event.succeed()
 
     def _convert(self, lone: Lone) -> None:
-        """A transfer timed alone joins the network as a flow, with the bytes it has left."""
+        """A transfer timed alone joins the network as a flow, with the bytes it has left (its
+        copies as flows nobody waits for)."""
         self._lone.remove(lone)
+        for flow_set in lone.terms.flow_sets:  # the copies' flows: nobody waits for them
+            self._rejoin(flow_set, lone, lone.event if flow_set == lone.terms.flow_set else None)
+
+    def _rejoin(self, flow_set: int, lone: Lone, event: simpy.Event | None) -> None:
         now = self.env.now
+        count = self.sets.flow_set(flow_set).count
         batch_id = self._next_batch
         self._next_batch += 1
-        self._batches[batch_id] = _Batch(1, lone.event)
+        self._batches[batch_id] = _Batch(count, event)
         if now < lone.data_at:
-            self._after(lone.data_at - now, self._adder(lone.flow_set, 0, lone.nbytes, batch_id))
+            self._after(lone.data_at - now, self._adder(flow_set, 0, lone.nbytes, batch_id))
             return
-        cohort = _Cohort(lone.flow_set, 1, lone.nbytes, lone.left(now), now, 0.0, batch_id)
+        cohort = _Cohort(flow_set, count, lone.nbytes, lone.left(now), now, 0.0, batch_id)
         self._new.append(self._index.add(cohort))
         self._request_settle()
 
@@ -237,36 +257,16 @@ class FlowNetwork:
                 self._after(delay, self._adder(flow_set, local, g.nbytes * g.repeat, batch_id))
 
     def bytes_by_link_class(self) -> dict[LinkClass, float]:
-        """Bytes carried so far, summed over the directed links of each class."""
-        used = np.unique(self.topology.class_id)
-        return {CLASSES[i]: float(self._class_bytes[i]) for i in used.tolist()}
+        """Bytes carried so far, summed over the directed links of each class (`booked`)."""
+        return self.booked.by_link_class()
 
     @property
-    def sent_bytes(self) -> FloatArray:
-        return self._per_gpu(source=True)
-
-    @property
-    def received_bytes(self) -> FloatArray:
-        return self._per_gpu(source=False)
-
-    @property
-    def link_bytes(self) -> FloatArray:
-        out = np.zeros(self.topology.edge_count)
-        for flow_set, nbytes in self._booked:
-            fs = self.sets.flow_set(flow_set)
-            np.add.at(out, fs.pair_edge, nbytes)
-        return out
+    def flows_finished(self) -> int:
+        return self.booked.flows
 
     @property
     def active_flows(self) -> int:
         return self._index.flows()
-
-    def _per_gpu(self, source: bool) -> FloatArray:
-        out = np.zeros(self.topology.world_size)
-        for flow_set, nbytes in self._booked:
-            fs = self.sets.flow_set(flow_set)
-            np.add.at(out, fs.src if source else fs.dst, nbytes)
-        return out
 
     # ---- adding and finishing flows -------------------------------------------------
 
@@ -300,7 +300,11 @@ class FlowNetwork:
         resources = self._index.small_resources(flow_set)
         if resources is not None:
             return self._lone.on(resources)
-        return [x for x in self._lone.all() if self.sets.overlap(flow_set, x.flow_set)]
+        return [
+            x
+            for x in self._lone.all()
+            if any(self.sets.overlap(flow_set, f) for f in x.terms.flow_sets)
+        ]
 
     def _finish_batch(self, batch_id: int, count: int) -> None:
         batch = self._batches[batch_id]
@@ -383,13 +387,8 @@ class FlowNetwork:
                 continue  # re-rated since
             cohort = self._index.pop(key)
             self._touched |= self._index.neighbours(cohort.flow_set)
-            self._book(cohort)
+            self.booked.book(cohort.flow_set, cohort.total)
             finished[cohort.batch] = finished.get(cohort.batch, 0) + cohort.count
         for batch_id in sorted(finished):
             self._finish_batch(batch_id, finished[batch_id])
         return bool(finished)
-
-    def _book(self, cohort: _Cohort) -> None:
-        self.flows_finished += cohort.count
-        self._booked.append((cohort.flow_set, cohort.total))
-        self._class_bytes += cohort.total * self.sets.flow_set(cohort.flow_set).class_pairs

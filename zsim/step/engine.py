@@ -20,6 +20,8 @@ import simpy
 from zsim.cluster.grid import GroupKind, RankGrid
 from zsim.network.collective import CollectiveCall, CollectiveOp
 from zsim.network.communicator import Communicator
+from zsim.step.handover import replay, resume
+from zsim.step.prefix import Prefix, time_prefix
 from zsim.step.program import Comm, Group, Part, Program, Stream, Task
 from zsim.step.spans import EngineResult, FusedPass, Span
 from zsim.step.traffic import Traffic
@@ -51,7 +53,7 @@ class Engine:
         self.passes: list[FusedPass] = []
         self.ranks = self._simulated_ranks()
         self.simulated = set(self.ranks)
-        self.done: dict[tuple[int, int], simpy.Event] = {}
+        self.done: dict[tuple[int, int], simpy.Event | None] = {}  # None: done in the prefix
         self.pending: dict[tuple[object, ...], _Rendezvous] = {}
         self.arrivals: dict[tuple[int, str], simpy.Event] = {}
         self.calls: dict[tuple[int, Group, Stream], itertools.count[int]] = {}
@@ -66,6 +68,8 @@ class Engine:
         self._contending: dict[tuple[int, CollectiveOp], list[tuple[int, ...]]] = {}
         self.programs = programs
         self._sends: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        self._send_calls: dict[tuple[int, float, int], tuple[CollectiveCall, list[CollectiveCall]]]
+        self._send_calls = {}
         self._expected: dict[int, int] = {}
         # (op, bytes, id of a cached group, root) -> the call, holding the group alive
         self._calls: dict[tuple[object, ...], tuple[CollectiveCall, tuple[int, ...]]] = {}
@@ -140,30 +144,50 @@ class Engine:
     # ---- running ----
 
     def run(self) -> EngineResult:
+        """The fixed-time prefix as a longest path (`zsim.step.prefix`), the rest on simpy."""
+        prefix = time_prefix(self)
+        if prefix.cut_s > 0:
+            self.env.run(until=prefix.cut_s)
+        running = replay(self, prefix)
         for rank in self.ranks:
-            program = self.programs[self.coords(rank)[1]]
-            for task in program.tasks:
-                self.done[(rank, task.index)] = self.env.event()
             streams: dict[Stream, list[Task]] = {}
-            for task in program.tasks:
-                if task.receives:
+            for task in self.programs[self.coords(rank)[1]].tasks:
+                key = (rank, task.index)
+                self.done[key] = None if prefix.finished(key) else self.env.event()
+                if key in running:
+                    self.env.process(resume(self, rank, task, prefix.start[key], running[key]))
+                elif task.receives and not prefix.finished(key):
                     self.env.process(self.receive(rank, task))
-                else:
+                if not task.receives:
                     streams.setdefault(task.stream, []).append(task)
             for tasks in streams.values():
-                self.env.process(self.stream(rank, tasks))
+                self.env.process(self.stream(rank, tasks, prefix))
         self.env.run()
-        unfinished = [k for k, e in self.done.items() if not e.triggered]
+        unfinished = [k for k, e in self.done.items() if e is not None and not e.triggered]
         if unfinished:
             raise RuntimeError(f"deadlock: {len(unfinished)} tasks never ran, e.g. {unfinished[0]}")
         per_rank = {k: v / len(self.ranks) for k, v in self.traffic.sent.items()}
         links = self.traffic.by_link_class()
         return EngineResult(self.spans, self.env.now, self.ranks, per_rank, links, self.passes)
 
-    def stream(self, rank: int, tasks: list[Task]) -> Generator[simpy.Event, Any, None]:
-        """One stream of one rank: its tasks in issue order, each after its dependencies."""
+    def stream(
+        self, rank: int, tasks: list[Task], prefix: Prefix
+    ) -> Generator[simpy.Event, Any, None]:
+        """One stream of one rank: its tasks in issue order, each after its dependencies (those
+        the prefix started are already running or done)."""
+        running: simpy.Event | None = None  # the prefix's task still running at the cut
         for task in tasks:
-            waiting = [e for d in task.deps if not (e := self.done[(rank, d.index)]).processed]
+            if prefix.ran((rank, task.index)):
+                running = self.done[(rank, task.index)]
+                continue
+            if running is not None and not running.processed:
+                yield running  # the stream is free when it ends
+            running = None
+            waiting = [
+                e
+                for d in task.deps
+                if (e := self.done[(rank, d.index)]) is not None and not e.processed
+            ]
             if waiting:  # dependencies already done cost no event
                 yield waiting[0] if len(waiting) == 1 else self.env.all_of(waiting)
             start = self.env.now
@@ -176,8 +200,8 @@ class Engine:
             if task.parts:
                 self.record_parts(rank, task, start)
             else:
-                self.record(rank, task, start)
-            self.done[(rank, task.index)].succeed()
+                self.record(rank, task, start, self.env.now)
+            self.finish(rank, task)
 
     def kernel_factor(self, rank: int, task: Task) -> float:
         """How much slower `rank` runs this task than the profile says: a straggler's device
@@ -213,18 +237,22 @@ class Engine:
             if p.comm is not None
         ]
 
-    def record(self, rank: int, task: Task, start: float) -> None:
+    def record(self, rank: int, task: Task, start: float, end: float) -> None:
         nbytes = task.comm.nbytes if task.comm else 0.0
         self.spans.append(
-            Span(rank, task.stream, task.name, str(task.category), start, self.env.now, nbytes)
+            Span(rank, task.stream, task.name, str(task.category), start, end, nbytes)
         )
+
+    def finish(self, rank: int, task: Task) -> None:
+        event = self.done[(rank, task.index)]
+        assert event is not None  # tasks the prefix finished have no event
+        event.succeed()
 
     def receive(self, rank: int, task: Task) -> Generator[simpy.Event, float, None]:
         assert task.comm is not None  # recv tasks always carry their comm
-        start = self.env.now
         sent_at = yield self.arrival(rank, task.comm.tag)
-        self.record(rank, task, max(start, sent_at))  # waiting for the sender is idle time
-        self.done[(rank, task.index)].succeed()
+        self.record(rank, task, sent_at, self.env.now)  # waiting for the sender is idle time
+        self.finish(rank, task)
 
     def arrival(self, rank: int, tag: str) -> simpy.Event:
         key = (rank, tag)
@@ -301,19 +329,32 @@ class Engine:
         dp_i, pp_i, tp_i = self.coords(rank)
         return self.grid.rank(dp_i, (pp_i + offset) % self.grid.pp, tp_i)
 
-    def send(self, rank: int, task: Task) -> simpy.Event:
-        comm = task.comm
-        assert comm is not None
-        dst = self.peer(rank, comm.peer)
-        call = CollectiveCall(CollectiveOp.SEND_RECV, comm.nbytes, (rank, dst))
-        copies = 1 if self.full else self.grid.dp * self.grid.tp
-        self.traffic.book(call, task.category, rank, copies)
+    def send_calls(self, rank: int, comm: Comm) -> tuple[CollectiveCall, list[CollectiveCall]]:
+        """A pipeline send's call, and the same send of the other (dp, tp) replicas whose
+        flows share its links."""
+        call = CollectiveCall(
+            CollectiveOp.SEND_RECV, comm.nbytes, (rank, self.peer(rank, comm.peer))
+        )
         replicas = [
             CollectiveCall(CollectiveOp.SEND_RECV, comm.nbytes, pair)
             for pair in self.send_replicas(rank, comm.peer)
         ]
-        transfer = self.comms.send(call) if not replicas else self.comms.run(call, replicas)
-        arrival, sent_at = self.arrival(dst, comm.tag), self.env.now
+        return call, replicas
+
+    def book_send(self, rank: int, task: Task, times: int = 1) -> None:
+        """A pipeline send's traffic (`times` the same), for every (dp, tp) replica it stands
+        for."""
+        assert task.comm is not None
+        call = self.send_calls(rank, task.comm)[0]
+        copies = 1 if self.full else self.grid.dp * self.grid.tp
+        self.traffic.book(call, task.category, rank, copies, times)
+
+    def send(self, rank: int, task: Task) -> simpy.Event:
+        assert task.comm is not None
+        self.book_send(rank, task)
+        call, replicas = self.send_calls(rank, task.comm)
+        transfer = self.comms.send(call, replicas)
+        arrival, sent_at = self.arrival(call.group[1], task.comm.tag), self.env.now
         transfer.callbacks.append(lambda _: _arrived(arrival, sent_at))
         return transfer
 

@@ -29,21 +29,29 @@ class Traffic:
         self._passes: dict[tuple[int, int], tuple[object, dict[str, float], FloatArray]] = {}
 
     def book(
-        self, call: CollectiveCall, category: Category, sender: int | None = None, copies: int = 1
+        self,
+        call: CollectiveCall,
+        category: Category,
+        sender: int | None = None,
+        copies: int = 1,
+        times: int = 1,
     ) -> None:
-        """One call: the bytes the simulated ranks among its members (or `sender` alone) send,
-        and `copies` x the bytes its flows put on each link class."""
-        self.sent[category] = self.sent.get(category, 0.0) + self.sent_bytes(call, sender)
-        self.links += copies * self.comms.class_bytes(call)
+        """One call (or `times` the same): the bytes the simulated ranks among its members (or
+        `sender` alone) send, and `copies` x the bytes its flows put on each link class."""
+        sent = times * self.sent_bytes(call, sender)
+        self.sent[category] = self.sent.get(category, 0.0) + sent
+        self.links += (times * copies) * self.comms.class_bytes(call)
 
     def book_pass(
         self,
         rank: int,
         parts: tuple[Part, ...],
         calls: Callable[[int, tuple[Part, ...]], list[tuple[CollectiveCall, int]]],
+        times: int = 1,
     ) -> None:
         """A fused pass's collectives (`calls` resolves its parts' calls and copies), summed
-        once per pass and rank: the builder shares one parts tuple among micro-batches."""
+        once per pass and rank: the builder shares one parts tuple among micro-batches.
+        `times`: passes of this kind booked at once."""
         key = (rank, id(parts))
         found = self._passes.get(key)
         if found is None:
@@ -56,8 +64,8 @@ class Traffic:
                 links += copies * self.comms.class_bytes(call)
             found = self._passes[key] = (parts, sent, links)  # holding `parts` keeps its id
         for category, nbytes in found[1].items():
-            self.sent[category] = self.sent.get(category, 0.0) + nbytes
-        self.links += found[2]
+            self.sent[category] = self.sent.get(category, 0.0) + times * nbytes
+        self.links += times * found[2]
 
     def sent_bytes(self, call: CollectiveCall, sender: int | None = None) -> float:
         key = (call, sender)

@@ -1,0 +1,82 @@
+"""The fixed-time prefix (zsim.step.prefix): times computed as a longest path, then handed over
+to the event loop. A consistency check between two ways of running the same model: on every
+network scenario of tests/golden/network_scenarios.py (pipelines with sends sharing NICs, rails,
+oversubscribed fat trees, stragglers with every rank simulated, ZeRO-3, offload, gloo), the step
+with the prefix gives the spans, fused passes, traffic and bytes per link class of the step run
+wholly on the event loop (the engine before the prefix existed, whose answers the golden files
+hold). Also: the prefix does take over a pipeline's steady state, and where sends meet."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.golden.network_scenarios import SCENARIOS
+from tests.golden.record_network import inputs
+from zsim.network.alone import AloneTerms
+from zsim.simulation import Report, simulate
+from zsim.step import engine as engine_module
+from zsim.step import prefix as prefix_module
+from zsim.step.prefix import LoneSend, Prefix, _first_meeting
+
+
+def _run(name: str) -> Report:
+    s = SCENARIOS[name]
+    model, cfg, topo, device = inputs(s)
+    return simulate(model, cfg, topo, device, full=s.full, stragglers=s.stragglers or None)
+
+
+def _event_loop_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(engine_module, "time_prefix", lambda _engine: Prefix(cut_s=0.0))
+
+
+def _spans(report: Report) -> list[tuple[object, ...]]:
+    return sorted((s.rank, s.stream, s.name, s.start_s, s.end_s) for s in report.engine.all_spans())
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_the_prefix_gives_the_event_loops_step(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    fast = _run(name)
+    _event_loop_only(monkeypatch)
+    slow = _run(name)
+    assert fast.step_time_s == pytest.approx(slow.step_time_s, rel=1e-12)
+    assert fast.link_traffic_bytes == pytest.approx(slow.link_traffic_bytes, rel=1e-12)
+    assert fast.traffic_bytes_per_gpu == pytest.approx(slow.traffic_bytes_per_gpu, rel=1e-12)
+    got, want = _spans(fast), _spans(slow)
+    assert [g[:3] for g in got] == [w[:3] for w in want]  # the same tasks, ...
+    for g, w in zip(got, want, strict=True):  # ... at the same times
+        assert g[3:] == pytest.approx(w[3:], rel=1e-12, abs=1e-15)
+
+
+@pytest.mark.parametrize(
+    ("name", "share"),
+    [("dgx-2x8-tp8-pp2", 0.7), ("ib-4x4-pp4-deepspeed", 0.8), ("full-straggler-eth-z2", 0.8)],
+)
+def test_a_pipelines_steady_state_is_the_prefixs(
+    name: str, share: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Most tasks of a pipeline's step (and of a data-parallel step with accumulation) start
+    before its first collective."""
+    seen: list[tuple[int, int]] = []
+    real = prefix_module.time_prefix
+
+    def counting(engine: engine_module.Engine) -> Prefix:
+        found = real(engine)
+        tasks = sum(len(engine.programs[engine.coords(r)[1]].tasks) for r in engine.ranks)
+        seen.append((sum(1 for k in found.start if found.ran(k)), tasks))
+        return found
+
+    monkeypatch.setattr(engine_module, "time_prefix", counting)
+    _run(name)
+    ran, tasks = seen[0]
+    assert ran >= share * tasks
+
+
+def _send(start: float, ends: float, resources: tuple[int, ...]) -> LoneSend:
+    return LoneSend(AloneTerms(0, resources, 0.0, 1.0), 1.0, start, start, ends)
+
+
+def test_sends_meet_when_one_is_issued_while_another_holds_a_capacity():
+    apart = [_send(0.0, 1.0, (1, 2)), _send(1.5, 2.0, (2, 3)), _send(0.5, 3.0, (4,))]
+    assert _first_meeting(apart) == float("inf")
+    meeting = [*apart, _send(2.5, 4.0, (5, 4)), _send(1.8, 2.2, (3,))]
+    assert _first_meeting(meeting) == 1.8  # on capacity 3, before 2.5 on capacity 4

@@ -1,0 +1,48 @@
+"""The bytes of every flow that has ended, booked to its source and destination GPU and to each
+link it crossed: traffic reports come from the simulated flows themselves."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from zsim.cluster.build import CLASSES, FloatArray
+from zsim.cluster.fabric import LinkClass
+from zsim.cluster.topology import Topology
+from zsim.network.rates import FlowSets
+
+
+class Booked:
+    """Ended flows, by flow set: `book` them as they end; read per GPU, link or link class."""
+
+    def __init__(self, topology: Topology, sets: FlowSets) -> None:
+        self.topology = topology
+        self.sets = sets
+        self.flows = 0  # how many flows have ended
+        self._ended: list[tuple[int, float]] = []  # (flow set, bytes per flow)
+        self._class_bytes = np.zeros(len(CLASSES))
+
+    def book(self, flow_set: int, nbytes: float, times: int = 1) -> None:
+        """Every flow of `flow_set` carried `nbytes` (`times` over)."""
+        flows = self.sets.flow_set(flow_set)
+        self.flows += times * flows.count
+        self._ended.append((flow_set, times * nbytes))
+        self._class_bytes += (times * nbytes) * flows.class_pairs
+
+    def by_link_class(self) -> dict[LinkClass, float]:
+        """Bytes carried so far, summed over the directed links of each class."""
+        used = np.unique(self.topology.class_id)
+        return {CLASSES[i]: float(self._class_bytes[i]) for i in used.tolist()}
+
+    def per_link(self) -> FloatArray:
+        out = np.zeros(self.topology.edge_count)
+        for flow_set, nbytes in self._ended:
+            np.add.at(out, self.sets.flow_set(flow_set).pair_edge, nbytes)
+        return out
+
+    def per_gpu(self, source: bool) -> FloatArray:
+        """Bytes each GPU sent (`source`) or received."""
+        out = np.zeros(self.topology.world_size)
+        for flow_set, nbytes in self._ended:
+            fs = self.sets.flow_set(flow_set)
+            np.add.at(out, fs.src if source else fs.dst, nbytes)
+        return out

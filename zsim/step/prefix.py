@@ -1,0 +1,210 @@
+"""The fixed-time prefix of a step, timed as a longest path through its task graph.
+
+Until the first collective starts (or two sends would meet on a capacity), every task of a step
+takes a time known in advance: compute and fused passes their durations, a pipeline send alone
+on its links its call latency, its route's latency and its bytes at the lone rate
+(`zsim.network.alone`). The event loop would then start each task when its stream is free and
+its dependencies are done, which is the longest path through the same DAG: this pass computes
+those times directly, with no simpy event per task. The engine simulates only what starts from
+the cut on (the earliest start of a task that is not fixed-time, or of a send that would share
+a capacity with one still moving), taking over the sends still in flight, so the answer is the
+event loop's. A pipeline's warm-up and steady state are all prefix; its cool-down, gradient
+reductions and optimizer step are simulated.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from zsim.network.alone import AloneTerms
+from zsim.network.collective import CollectiveCall, CollectiveOp
+from zsim.network.communicator import Communicator
+from zsim.step.program import Comm, Program, Stream, Task
+
+Key = tuple[int, int]  # (rank, task index)
+
+
+class Engine(Protocol):
+    """What the prefix reads of the engine (`zsim.step.engine.Engine`)."""
+
+    programs: Sequence[Program]
+    ranks: tuple[int, ...]
+    comms: Communicator
+
+    def coords(self, rank: int) -> tuple[int, int, int]: ...
+    def peer(self, rank: int, offset: int) -> int: ...
+    def kernel_factor(self, rank: int, task: Task) -> float: ...
+    def send_calls(self, rank: int, comm: Comm) -> tuple[CollectiveCall, list[CollectiveCall]]: ...
+
+
+@dataclass
+class LoneSend:
+    """A send of the prefix, timed alone: issued at `start`, its data from `data_at`, its last
+    byte at `ends` (the capacities are held from issue to end, as `LoneTransfers` holds them)."""
+
+    terms: AloneTerms
+    nbytes: float
+    start: float
+    data_at: float
+    ends: float
+
+
+@dataclass
+class _Stream:
+    rank: int
+    tasks: list[Task]
+    pos: int = 0
+    free_s: float = 0.0
+
+
+@dataclass
+class Prefix:
+    """Task times up to the cut: `start` and `end` of every task the pass could time (those
+    from the cut on are simulated again), the sends among them, and the receives' send times."""
+
+    cut_s: float = float("inf")
+    start: dict[Key, float] = field(default_factory=dict)
+    end: dict[Key, float] = field(default_factory=dict)
+    sends: dict[Key, LoneSend] = field(default_factory=dict)
+    sent_at: dict[Key, float] = field(default_factory=dict)  # receive -> its send's issue
+    # (rank, bytes, peer) -> how such a send is timed alone (None: it cannot be)
+    send_terms: dict[tuple[int, float, int], tuple[AloneTerms, float, float] | None] = field(
+        default_factory=dict
+    )
+
+    def ran(self, key: Key) -> bool:
+        """Whether a task started before the cut (it is the prefix's)."""
+        start = self.start.get(key)
+        return start is not None and start < self.cut_s
+
+    def finished(self, key: Key) -> bool:
+        """Whether a task ended before the cut (nothing of it is left to simulate)."""
+        end = self.end.get(key)
+        return end is not None and end < self.cut_s and self.ran(key)
+
+
+def time_prefix(engine: Engine) -> Prefix:
+    """Time every task that does not depend on a collective's or a shared send's time."""
+    prefix = Prefix()
+    receives: dict[tuple[int, str], Key] = {}
+    streams: list[_Stream] = []
+    for rank in engine.ranks:
+        by_stream: dict[Stream, list[Task]] = {}
+        for task in engine.programs[engine.coords(rank)[1]].tasks:
+            if task.receives:
+                assert task.comm is not None
+                receives[(rank, task.comm.tag)] = (rank, task.index)
+            else:
+                by_stream.setdefault(task.stream, []).append(task)
+        streams += [_Stream(rank, tasks) for tasks in by_stream.values()]
+    waiting: dict[Key, list[_Stream]] = {}
+    ready = deque(streams)
+    starts_left: list[float] = []  # when the first task that is not fixed-time would start
+    while ready:
+        stream = ready.popleft()
+        for key in _advance(engine, stream, prefix, waiting, starts_left):
+            ready.extend(waiting.pop(key, ()))
+            found = _arrival(engine, key, prefix, receives)
+            if found is not None:
+                ready.extend(waiting.pop(found, ()))
+    last = max(prefix.end.values(), default=0.0)  # all fixed-time: the event loop ends there
+    prefix.cut_s = min([*starts_left, _first_meeting(prefix.sends.values()), last])
+    return prefix
+
+
+def _advance(
+    engine: Engine,
+    stream: _Stream,
+    prefix: Prefix,
+    waiting: dict[Key, list[_Stream]],
+    starts_left: list[float],
+) -> Iterator[Key]:
+    """Time the stream's tasks in order until one waits for a task not yet timed (the stream
+    waits for it) or is not fixed-time (the stream stops); yields each task timed."""
+    rank = stream.rank
+    while stream.pos < len(stream.tasks):
+        task = stream.tasks[stream.pos]
+        start = stream.free_s
+        for dep in task.deps:
+            end = prefix.end.get((rank, dep.index))
+            if end is None:
+                waiting.setdefault((rank, dep.index), []).append(stream)
+                return
+            start = max(start, end)
+        end = _fixed_end(engine, rank, task, start, prefix)
+        if end is None:
+            starts_left.append(start)
+            stream.pos = len(stream.tasks)
+            return
+        key = (rank, task.index)
+        prefix.start[key], prefix.end[key] = start, end
+        stream.free_s = end
+        stream.pos += 1
+        yield key
+
+
+def _fixed_end(engine: Engine, rank: int, task: Task, start: float, prefix: Prefix) -> float | None:
+    """When a task started at `start` ends, if its time is fixed; None for a collective or a
+    send that cannot be timed alone. Each end is computed as the event loop computes it."""
+    comm = task.comm
+    if comm is None:
+        return start + task.duration_s * engine.kernel_factor(rank, task)
+    if comm.op is not CollectiveOp.SEND_RECV:
+        return None
+    key = (rank, comm.nbytes, comm.peer)
+    if key not in prefix.send_terms:
+        alone = engine.comms.lone_send(*engine.send_calls(rank, comm))
+        terms = engine.comms.network.alone_terms(alone[0], alone[1], alone[4]) if alone else None
+        prefix.send_terms[key] = (
+            None
+            if alone is None or terms is None or alone[2] <= 0
+            else (
+                terms,
+                alone[2],
+                alone[3],
+            )
+        )
+    found = prefix.send_terms[key]
+    if found is None:
+        return None
+    terms, nbytes, delay_s = found
+    data_at = start + delay_s + terms.latency_s  # as `FlowNetwork.transfer_alone` adds them
+    ends = data_at + nbytes / terms.rate
+    prefix.sends[(rank, task.index)] = LoneSend(terms, nbytes, start, data_at, ends)
+    return start + max(ends - start, 0.0)  # a timeout of what is left, as the network waits
+
+
+def _arrival(
+    engine: Engine, key: Key, prefix: Prefix, receives: dict[tuple[int, str], Key]
+) -> Key | None:
+    """A timed send completes its receive: the receive ends when the data has arrived."""
+    if key not in prefix.sends:
+        return None
+    rank, index = key
+    task = engine.programs[engine.coords(rank)[1]].tasks[index]
+    assert task.comm is not None
+    found = receives.get((engine.peer(rank, task.comm.peer), task.comm.tag))
+    if found is None:
+        return None
+    prefix.sent_at[found] = prefix.start[key]
+    prefix.start[found], prefix.end[found] = prefix.start[key], prefix.end[key]
+    return found
+
+
+def _first_meeting(sends: Iterable[LoneSend]) -> float:
+    """The first moment a send is issued while another still holds one of its capacities: from
+    then on the two move as flows, which the event loop must simulate. Up to a capacity's first
+    meeting its sends are disjoint, so comparing each with the one before on it finds it."""
+    rows = [(r, send.start, send.ends) for send in sends for r in send.terms.resources]
+    if len(rows) < 2:
+        return float("inf")
+    table = np.array(rows)
+    table = table[np.lexsort((table[:, 1], table[:, 0]))]
+    same = table[1:, 0] == table[:-1, 0]
+    meets = same & (table[1:, 1] <= table[:-1, 2])
+    return float(table[1:, 1][meets].min()) if meets.any() else float("inf")
