@@ -153,10 +153,10 @@ class Engine:
             streams: dict[Stream, list[Task]] = {}
             for task in self.programs[self.coords(rank)[1]].tasks:
                 key = (rank, task.index)
-                self.done[key] = None if prefix.finished(key) else self.env.event()
+                self.done[key] = None if key in prefix.finished else self.env.event()
                 if key in running:
                     self.env.process(resume(self, rank, task, prefix.start[key], running[key]))
-                elif task.receives and not prefix.finished(key):
+                elif task.receives and key not in prefix.finished:
                     self.env.process(self.receive(rank, task))
                 if not task.receives:
                     streams.setdefault(task.stream, []).append(task)
@@ -177,7 +177,7 @@ class Engine:
         the prefix started are already running or done)."""
         running: simpy.Event | None = None  # the prefix's task still running at the cut
         for task in tasks:
-            if prefix.ran((rank, task.index)):
+            if (rank, task.index) in prefix.ran:
                 running = self.done[(rank, task.index)]
                 continue
             if running is not None and not running.processed:

@@ -48,11 +48,11 @@ def replay(engine: Engine, prefix: Prefix) -> dict[Key, simpy.Event]:
     templates: dict[tuple[int, int], tuple[Part, ...]] = {}
     alone: Counter[tuple[int, float]] = Counter()
     for key in prefix.start:
-        if not prefix.ran(key):
+        if key not in prefix.ran:
             continue
         rank, index = key
         task = engine.programs[engine.coords(rank)[1]].tasks[index]
-        start, end, finished = prefix.start[key], prefix.end[key], prefix.finished(key)
+        start, end, finished = prefix.start[key], prefix.end[key], key in prefix.finished
         if task.receives:
             if finished:
                 engine.record(rank, task, prefix.sent_at[key], end)

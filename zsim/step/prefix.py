@@ -67,7 +67,7 @@ class Prefix:
     """Task times up to the cut: `start` and `end` of every task the pass could time (those
     from the cut on are simulated again), the sends among them, and the receives' send times."""
 
-    cut_s: float = float("inf")
+    cut_s: float = 0.0
     start: dict[Key, float] = field(default_factory=dict)
     end: dict[Key, float] = field(default_factory=dict)
     sends: dict[Key, LoneSend] = field(default_factory=dict)
@@ -77,15 +77,14 @@ class Prefix:
         default_factory=dict
     )
 
-    def ran(self, key: Key) -> bool:
-        """Whether a task started before the cut (it is the prefix's)."""
-        start = self.start.get(key)
-        return start is not None and start < self.cut_s
+    ran: frozenset[Key] = frozenset()  # the tasks that started before the cut: the prefix's
+    finished: frozenset[Key] = frozenset()  # those of them that ended before it
 
-    def finished(self, key: Key) -> bool:
-        """Whether a task ended before the cut (nothing of it is left to simulate)."""
-        end = self.end.get(key)
-        return end is not None and end < self.cut_s and self.ran(key)
+    def cut(self, cut_s: float) -> None:
+        """Keep the times up to `cut_s`: the tasks from then on are the event loop's."""
+        self.cut_s = cut_s
+        self.ran = frozenset(k for k, start in self.start.items() if start < cut_s)
+        self.finished = frozenset(k for k in self.ran if self.end[k] < cut_s)
 
 
 def time_prefix(engine: Engine) -> Prefix:
@@ -113,7 +112,7 @@ def time_prefix(engine: Engine) -> Prefix:
             if found is not None:
                 ready.extend(waiting.pop(found, ()))
     last = max(prefix.end.values(), default=0.0)  # all fixed-time: the event loop ends there
-    prefix.cut_s = min([*starts_left, _first_meeting(prefix.sends.values()), last])
+    prefix.cut(min([*starts_left, _first_meeting(prefix.sends.values()), last]))
     return prefix
 
 
