@@ -33,6 +33,9 @@ class AloneTerms(NamedTuple):
         return (self.flow_set,) if self.alongside < 0 else (self.flow_set, self.alongside)
 
 
+MAX_COPY_RESOURCES = 4096  # capacities a send's copies may draw on and still be timed alone
+
+
 @dataclass(eq=False)
 class Lone:
     """A transfer timed alone (`terms`): `nbytes` moving from `data_at` at the lone rate until
@@ -104,12 +107,14 @@ def solve_alone(
             np.array([s for s, _ in alongside]), np.array([d for _, d in alongside])
         )
         others = theirs.moving_set
-        more = index.small_resources(others) if others >= 0 else None
-        if more is None or theirs.local_count or len(theirs.by_latency) != 1:
+        more = np.unique(sets.flow_set(others).pair_resource) if others >= 0 else None
+        if more is None or len(more) > MAX_COPY_RESOURCES:
+            return None
+        if theirs.local_count or len(theirs.by_latency) != 1:
             return None
         if theirs.by_latency[0][0] != mine.by_latency[0][0]:
             return None  # the copies' data would start at another time
-        resources = tuple(sorted({*resources, *more}))
+        resources = tuple(sorted({*resources, *more.tolist()}))
     solved = sets.rates(tuple(sorted({flow_set, others} - {-1})))
     rates = {rate for parts in solved for _, rate in parts}
     if len(rates) != 1:

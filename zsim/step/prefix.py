@@ -199,10 +199,21 @@ def _first_meeting(sends: Iterable[LoneSend]) -> float:
     """The first moment a send is issued while another still holds one of its capacities: from
     then on the two move as flows, which the event loop must simulate. Up to a capacity's first
     meeting its sends are disjoint, so comparing each with the one before on it finds it."""
-    rows = [(r, send.start, send.ends) for send in sends for r in send.terms.resources]
-    if len(rows) < 2:
+    by_terms: dict[int, tuple[AloneTerms, list[tuple[float, float]]]] = {}
+    for send in sends:  # few kinds of send, many of each
+        by_terms.setdefault(id(send.terms), (send.terms, []))[1].append((send.start, send.ends))
+    parts = []
+    for terms, times in by_terms.values():
+        resources = np.asarray(terms.resources, dtype=np.float64)
+        spans = np.asarray(times)
+        parts.append(
+            np.column_stack(
+                (np.tile(resources, len(spans)), np.repeat(spans, len(resources), axis=0))
+            )
+        )
+    if not parts:
         return float("inf")
-    table = np.array(rows)
+    table = np.concatenate(parts)
     table = table[np.lexsort((table[:, 1], table[:, 0]))]
     same = table[1:, 0] == table[:-1, 0]
     meets = same & (table[1:, 1] <= table[:-1, 2])
