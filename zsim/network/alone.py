@@ -26,6 +26,7 @@ class AloneTerms(NamedTuple):
     latency_s: float
     rate: float
     alongside: int = -1  # the flow set of its copies (-1: none)
+    loads: tuple[float, ...] = ()  # bytes/s it and its copies put on each of `resources`
 
     @property
     def flow_sets(self) -> tuple[int, ...]:
@@ -114,9 +115,14 @@ def solve_alone(
             return None
         if theirs.by_latency[0][0] != mine.by_latency[0][0]:
             return None  # the copies' data would start at another time
-        resources = tuple(sorted({*resources, *more.tolist()}))
     solved = sets.rates(tuple(sorted({flow_set, others} - {-1})))
     rates = {rate for parts in solved for _, rate in parts}
     if len(rates) != 1:
         return None  # the copies would not move as one
-    return AloneTerms(flow_set, resources, mine.by_latency[0][0], rates.pop(), others)
+    rate = rates.pop()
+    crossing = np.concatenate(
+        [sets.flow_set(f).pair_resource for f in (flow_set, others) if f >= 0]
+    )
+    used, flows = np.unique(crossing, return_counts=True)
+    loads = tuple((flows * rate).tolist())
+    return AloneTerms(flow_set, tuple(used.tolist()), mine.by_latency[0][0], rate, others, loads)

@@ -201,8 +201,14 @@ class FlowNetwork:
         self, terms: AloneTerms, nbytes: float, data_at: float, ends: float, event: simpy.Event
     ) -> None:
         """Time a send alone from now to `ends` (also one that began before now, timed by the
-        engine's fixed-time prefix); `event` fires when it ends."""
+        engine's fixed-time prefix); `event` fires when it ends. Sends the prefix let share a
+        capacity (their rates fit in it) become flows here, as `transfer_alone` makes them."""
         lone = Lone(terms, nbytes, data_at, ends, event)
+        crowd = self._lone.on(terms.resources)
+        if crowd:  # sends the prefix timed side by side, their rates fitting: flows now
+            for other in [*crowd, lone]:
+                self._convert(other)
+            return
         self._lone.add(lone)
         self.env.timeout(max(lone.ends - self.env.now, 0.0)).callbacks.append(
             lambda _e: self._lone_ends(lone)

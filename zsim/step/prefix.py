@@ -21,12 +21,14 @@ from typing import Protocol
 
 import numpy as np
 
+from zsim.cluster.build import FloatArray
 from zsim.network.alone import AloneTerms
 from zsim.network.collective import CollectiveCall, CollectiveOp
 from zsim.network.communicator import Communicator
 from zsim.step.program import Comm, Program, Stream, Task
 
 Key = tuple[int, int]  # (rank, task index)
+_FIT = 1e-9  # relative: sends filling a capacity to within this still fit
 
 
 class Engine(Protocol):
@@ -112,7 +114,8 @@ def time_prefix(engine: Engine) -> Prefix:
             if found is not None:
                 ready.extend(waiting.pop(found, ()))
     last = max(prefix.end.values(), default=0.0)  # all fixed-time: the event loop ends there
-    prefix.cut(min([*starts_left, _first_meeting(prefix.sends.values()), last]))
+    crowded = _first_crowding(prefix.sends.values(), engine.comms.topology.bandwidth_bytes_per_s)
+    prefix.cut(min([*starts_left, crowded, last]))
     return prefix
 
 
@@ -195,26 +198,30 @@ def _arrival(
     return found
 
 
-def _first_meeting(sends: Iterable[LoneSend]) -> float:
-    """The first moment a send is issued while another still holds one of its capacities: from
-    then on the two move as flows, which the event loop must simulate. Up to a capacity's first
-    meeting its sends are disjoint, so comparing each with the one before on it finds it."""
+def _first_crowding(sends: Iterable[LoneSend], capacity: FloatArray) -> float:
+    """The first moment a send is issued onto a capacity that the sends holding it would then
+    overfill. Until then every send moves at its lone rate even where sends share a capacity
+    (the rates fit, so each keeps its own narrowest link: the max-min rates are the lone
+    ones), and the event loop, which would make flows of them, gives the same times."""
     by_terms: dict[int, tuple[AloneTerms, list[tuple[float, float]]]] = {}
     for send in sends:  # few kinds of send, many of each
         by_terms.setdefault(id(send.terms), (send.terms, []))[1].append((send.start, send.ends))
     parts = []
     for terms, times in by_terms.values():
-        resources = np.asarray(terms.resources, dtype=np.float64)
-        spans = np.asarray(times)
-        parts.append(
-            np.column_stack(
-                (np.tile(resources, len(spans)), np.repeat(spans, len(resources), axis=0))
-            )
-        )
+        k, spans = len(terms.resources), np.asarray(times)
+        resources = np.tile(np.asarray(terms.resources, dtype=np.float64), len(spans))
+        loads = np.tile(np.asarray(terms.loads), len(spans))
+        for column, sign, order in ((0, 1.0, 0.0), (1, -1.0, 1.0)):  # issued, then ended
+            at = np.repeat(spans[:, column], k)
+            order_column = np.full(len(at), order)
+            parts.append(np.column_stack((resources, at, order_column, sign * loads)))
     if not parts:
         return float("inf")
-    table = np.concatenate(parts)
-    table = table[np.lexsort((table[:, 1], table[:, 0]))]
-    same = table[1:, 0] == table[:-1, 0]
-    meets = same & (table[1:, 1] <= table[:-1, 2])
-    return float(table[1:, 1][meets].min()) if meets.any() else float("inf")
+    table = np.concatenate(parts)  # (capacity, time, ends, load change)
+    table = table[np.lexsort((table[:, 2], table[:, 1], table[:, 0]))]
+    total = np.cumsum(table[:, 3])
+    first = np.flatnonzero(np.r_[True, table[1:, 0] != table[:-1, 0]])
+    before = np.repeat(total[first] - table[first, 3], np.diff(np.r_[first, len(table)]))
+    held = total - before  # what the capacity carries after each change
+    over = held > capacity[table[:, 0].astype(np.int64)] * (1 + _FIT)
+    return float(table[over, 1].min()) if over.any() else float("inf")
