@@ -36,6 +36,7 @@ from zsim.step.job import StageJob
 from zsim.step.kernels import LayerKernels
 from zsim.step.optimizer import step_passes
 from zsim.step.program import Comm
+from zsim.workload.layout import rank_chunks
 from zsim.workload.model import Layer, ModelSpec
 from zsim.workload.parallel import (
     STAGE0_ALLREDUCE_BUCKET_NUMEL,
@@ -80,6 +81,7 @@ class Estimator:
         self._groups: dict[tuple[object, ...], tuple[int, ...]] = {}
         self._beside: dict[int, tuple[tuple[int, ...], ...]] = {}  # DP group -> its TP peers'
         self._flops: dict[object, float] = {}  # forward FLOPs, message sizes, step passes
+        self._stages: dict[tuple[object, ...], tuple[list[tuple[int, Layer]], int]] = {}
 
     # ---- pieces ----
 
@@ -98,7 +100,7 @@ class Estimator:
             return 0.0
         key = (op, id(group))  # groups are cached tuples (`_dp_group`, TP and pipeline pairs)
         if key not in self._lines:
-            rivals = [g for g in beside if self.comms.shares_links(op, group, g)]
+            rivals = self._rivals(op, group, beside)
             times = []
             for size in _SIZES:
                 call = CollectiveCall(op, size, group)
@@ -112,12 +114,22 @@ class Estimator:
         intercept, slope = self._lines[key]
         return intercept + slope * nbytes
 
-    def layer_pass_s(self, job: StageJob, layer: Layer) -> tuple[float, float]:
+    def _rivals(
+        self, op: CollectiveOp, group: tuple[int, ...], beside: tuple[tuple[int, ...], ...]
+    ) -> list[tuple[int, ...]]:
+        """The groups beside `group` whose flows would share its links (sends: all routed in
+        one batch, as the engine finds its replica sends)."""
+        if op is CollectiveOp.SEND_RECV:
+            pairs = [(g[0], g[1]) for g in beside]
+            return list(self.comms.sharing_pairs((group[0], group[1]), pairs))
+        return [g for g in beside if self.comms.shares_links(op, group, g)]
+
+    def layer_pass_s(self, c: ParallelConfig, stage: int, layer: Layer) -> tuple[float, float]:
         """(forward, backward with any replay) of one layer, as the builder fuses them."""
-        c = job.cfg
         # a model's layers of one kind have one shape (its blocks are alike)
         key: tuple[object, ...] = (layer.kind, len(layer.tensors), *_kernel_key(c))
         if key not in self._passes:
+            job = self.job(c, stage)
             tp_group = self._kept(("tp", c.tp), tuple(range(c.tp)))
 
             def tp_time(comm: Comm) -> float:
@@ -171,14 +183,17 @@ class Estimator:
     def _stage(self, cfg: ParallelConfig, stage: int) -> tuple[float, float, int]:
         """(forward, backward of one micro-batch, parameters held) of a pipeline stage's rank
         (`_pipeline` keeps them, by what decides them)."""
-        job = self.job(cfg, stage)
-        # layers of one kind and shape take one time: each such layer timed once
-        alike = Counter((x.kind, len(x.tensors)) for chunk in job.chunks for x in chunk)
-        first = {(x.kind, len(x.tensors)): x for chunk in job.chunks for x in chunk}
-        times = [(n, self.layer_pass_s(job, first[k])) for k, n in alike.items()]
+        key = ("stage", cfg.pp, cfg.virtual_stages, stage, cfg.tp)
+        if key not in self._stages:  # its layers: one of each kind and shape, and how many
+            chunks = rank_chunks(self.model, cfg, stage)
+            alike = Counter((x.kind, len(x.tensors)) for chunk in chunks for x in chunk)
+            first = {(x.kind, len(x.tensors)): x for chunk in chunks for x in chunk}
+            held = stage_params(self.model, cfg.pp, cfg.virtual_stages, stage, cfg.tp)
+            self._stages[key] = ([(n, first[k]) for k, n in alike.items()], held)
+        kinds, held = self._stages[key]
+        times = [(n, self.layer_pass_s(cfg, stage, layer)) for n, layer in kinds]
         forward = sum(n * f for n, (f, _) in times)
         backward = sum(n * b for n, (_, b) in times)
-        held = stage_params(self.model, cfg.pp, cfg.virtual_stages, stage, cfg.tp)
         return forward, backward, held
 
     def _forward_flops(self, micro_batch: int) -> float:
