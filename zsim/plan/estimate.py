@@ -205,9 +205,12 @@ class Estimator:
         self, cfg: ParallelConfig, grid: RankGrid, passes: list[tuple[float, float]]
     ) -> float:
         """Pipeline fill and drain, and the sends: on the critical path in the fill and drain;
-        in the steady state DeepSpeed's blocking sends add to every micro-batch, Megatron's
-        asynchronous ones only where a stage's 2 v sends per micro-batch (forward and back, v
-        chunks) take its link longer than its compute."""
+        in the steady state DeepSpeed's blocking sends add to every micro-batch; Megatron's
+        asynchronous ones in 1F1B only where a stage's 2 sends per micro-batch take its link
+        longer than its compute, but with interleaving every step's input is the output of
+        the neighbour's step just before it (`pipeline_order`: consecutive stages run a
+        micro-batch's chunk one step apart), so each of its 2 v sends per micro-batch is
+        waited for."""
         if cfg.pp == 1:
             return 0.0
         send = self._send_s(cfg, grid)
@@ -219,8 +222,10 @@ class Estimator:
         sends = 2 * (cfg.pp - 1) * send
         if cfg.pipeline_engine is PipelineEngine.DEEPSPEED:
             sends += 2 * (cfg.grad_accum - 1) * send  # blocking p2p on the compute stream
+        elif cfg.pp_schedule is PipelineSchedule.INTERLEAVED:
+            sends += cfg.grad_accum * 2 * cfg.virtual_stages * send
         else:
-            sends += cfg.grad_accum * max(0.0, 2 * cfg.virtual_stages * send - slowest)
+            sends += cfg.grad_accum * max(0.0, 2 * send - slowest)
         return fill + sends
 
     def _send_s(self, cfg: ParallelConfig, grid: RankGrid) -> float:

@@ -114,15 +114,20 @@ def plan(
 
 
 def _order(objective: Objective) -> Callable[[Candidate], tuple[float, ...]]:
-    """Best first; among equals the simpler layout (less recompute, no SP, fewer chunks)."""
+    """Best first; among equals the smaller layout, then the simpler (no SP, fewer chunks).
+    For throughput less recompute comes before smaller: where the closed form hides a replay
+    behind communication it cannot tell the two apart, and the one doing less work is not
+    slower."""
+
+    def replay(c: Candidate) -> int:
+        return list(Recompute).index(c.cfg.recompute)
 
     def simpler(c: Candidate) -> tuple[float, ...]:
-        k = c.cfg
-        return (list(Recompute).index(k.recompute), k.sequence_parallel, k.virtual_stages)
+        return (c.cfg.sequence_parallel, c.cfg.virtual_stages)
 
     if objective is Objective.MEMORY:
-        return lambda c: (c.memory.device_total, -c.tokens_per_s, *simpler(c))
-    return lambda c: (-c.tokens_per_s, c.memory.device_total, *simpler(c))
+        return lambda c: (c.memory.device_total, -c.tokens_per_s, replay(c), *simpler(c))
+    return lambda c: (-c.tokens_per_s, replay(c), c.memory.device_total, *simpler(c))
 
 
 def _distinct(ranked: list[Candidate]) -> list[Candidate]:
