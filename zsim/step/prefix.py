@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from zsim.cluster.build import FloatArray
 from zsim.network.alone import AloneTerms
@@ -203,25 +204,45 @@ def _first_crowding(sends: Iterable[LoneSend], capacity: FloatArray) -> float:
     overfill. Until then every send moves at its lone rate even where sends share a capacity
     (the rates fit, so each keeps its own narrowest link: the max-min rates are the lone
     ones), and the event loop, which would make flows of them, gives the same times."""
+    table = _holdings(sends)  # (capacity, issued, ended, load), by capacity and issue
+    if len(table) < 2:
+        return float("inf")
+    # capacities some send reaches while another holds it (up to the first such meeting a
+    # capacity's sends are disjoint: comparing each with the one before finds it)
+    meets = (table[1:, 0] == table[:-1, 0]) & (table[1:, 1] <= table[:-1, 2])
+    shared = table[np.isin(table[:, 0], table[1:, 0][meets])]
+    if not len(shared):
+        return float("inf")
+    changes = np.concatenate(  # (capacity, time, 0 issued / 1 ended, load change)
+        (shared[:, [0, 1]], np.zeros((len(shared), 1)), shared[:, [3]]),
+        axis=1,
+    )
+    ends = np.column_stack((shared[:, [0, 2]], np.ones(len(shared)), -shared[:, 3]))
+    changes = np.concatenate((changes, ends))
+    changes = changes[np.lexsort((changes[:, 2], changes[:, 1], changes[:, 0]))]
+    total = np.cumsum(changes[:, 3])
+    first = np.flatnonzero(np.r_[True, changes[1:, 0] != changes[:-1, 0]])
+    before = np.repeat(total[first] - changes[first, 3], np.diff(np.r_[first, len(changes)]))
+    over = total - before > capacity[changes[:, 0].astype(np.int64)] * (1 + _FIT)
+    return float(changes[over, 1].min()) if over.any() else float("inf")
+
+
+def _holdings(sends: Iterable[LoneSend]) -> npt.NDArray[np.float64]:
+    """A row per send and capacity it holds: (capacity, issued, ended, its load there)."""
     by_terms: dict[int, tuple[AloneTerms, list[tuple[float, float]]]] = {}
     for send in sends:  # few kinds of send, many of each
         by_terms.setdefault(id(send.terms), (send.terms, []))[1].append((send.start, send.ends))
-    parts = []
+    parts = [np.zeros((0, 4))]
     for terms, times in by_terms.values():
         k, spans = len(terms.resources), np.asarray(times)
-        resources = np.tile(np.asarray(terms.resources, dtype=np.float64), len(spans))
-        loads = np.tile(np.asarray(terms.loads), len(spans))
-        for column, sign, order in ((0, 1.0, 0.0), (1, -1.0, 1.0)):  # issued, then ended
-            at = np.repeat(spans[:, column], k)
-            order_column = np.full(len(at), order)
-            parts.append(np.column_stack((resources, at, order_column, sign * loads)))
-    if not parts:
-        return float("inf")
-    table = np.concatenate(parts)  # (capacity, time, ends, load change)
-    table = table[np.lexsort((table[:, 2], table[:, 1], table[:, 0]))]
-    total = np.cumsum(table[:, 3])
-    first = np.flatnonzero(np.r_[True, table[1:, 0] != table[:-1, 0]])
-    before = np.repeat(total[first] - table[first, 3], np.diff(np.r_[first, len(table)]))
-    held = total - before  # what the capacity carries after each change
-    over = held > capacity[table[:, 0].astype(np.int64)] * (1 + _FIT)
-    return float(table[over, 1].min()) if over.any() else float("inf")
+        parts.append(
+            np.column_stack(
+                (
+                    np.tile(np.asarray(terms.resources, dtype=np.float64), len(spans)),
+                    np.repeat(spans, k, axis=0),
+                    np.tile(np.asarray(terms.loads), len(spans)),
+                )
+            )
+        )
+    table = np.concatenate(parts)
+    return table[np.lexsort((table[:, 1], table[:, 0]))]
