@@ -79,6 +79,7 @@ class Estimator:
             tuple[list[tuple[float, float]], dict[tuple[float, float, int], int]],
         ] = {}
         self._groups: dict[tuple[object, ...], tuple[int, ...]] = {}
+        self._sends: dict[tuple[tuple[int, int], ...], tuple[int, int]] = {}
         self._beside: dict[int, tuple[tuple[int, ...], ...]] = {}  # DP group -> its TP peers'
         self._flops: dict[object, float] = {}  # forward FLOPs, message sizes, step passes
         self._stages: dict[tuple[object, ...], tuple[list[tuple[int, Layer]], int]] = {}
@@ -241,8 +242,11 @@ class Estimator:
                 for d in range(grid.dp)
                 for t in range(grid.tp)
             ]
-            self._groups[where] = pairs[0]
-            self._beside[id(pairs[0])] = tuple(pairs[1:])
+            every = tuple(pairs)  # the same sends in another layout: one line
+            if every not in self._sends:
+                self._sends[every] = pairs[0]
+                self._beside[id(pairs[0])] = tuple(pairs[1:])
+            self._groups[where] = self._sends[every]
         pair = self._groups[where]
         return self.collective_s(
             CollectiveOp.SEND_RECV, self._flops[key], pair, self._beside[id(pair)]
@@ -291,11 +295,13 @@ class Estimator:
         del stage
         key = ("dp", grid.dp, grid.pp, grid.tp)
         if key not in self._groups:
-            self._groups[key] = tuple(grid.rank(d, 0, 0) for d in range(grid.dp))
-            others = tuple(
-                tuple(grid.rank(d, 0, t) for d in range(grid.dp)) for t in range(1, grid.tp)
-            )
-            self._beside[id(self._groups[key])] = others
+            group = tuple(grid.rank(d, 0, 0) for d in range(grid.dp))
+            if group not in self._groups:  # the same GPUs in another layout: its lines hold
+                self._groups[group] = group
+                self._beside[id(group)] = tuple(
+                    tuple(grid.rank(d, 0, t) for d in range(grid.dp)) for t in range(1, grid.tp)
+                )
+            self._groups[key] = self._groups[group]
         return self._groups[key]
 
     def _kept(self, key: tuple[object, ...], group: tuple[int, ...]) -> tuple[int, ...]:
