@@ -226,7 +226,7 @@ class FlowNetwork:
         """A transfer timed alone joins the network as a flow, with the bytes it has left (its
         copies as flows nobody waits for)."""
         self._lone.remove(lone)
-        for flow_set in lone.terms.flow_sets:  # the copies' flows: nobody waits for them
+        for flow_set in lone.terms.flow_sets:
             self._rejoin(flow_set, lone, lone.event if flow_set == lone.terms.flow_set else None)
 
     def _rejoin(self, flow_set: int, lone: Lone, event: simpy.Event | None) -> None:

@@ -26,6 +26,8 @@ from zsim.step.program import Comm, Group, Part, Program, Stream, Task
 from zsim.step.spans import EngineResult, FusedPass, Span
 from zsim.step.traffic import Traffic
 
+_SendCalls = tuple[CollectiveCall, list[CollectiveCall]]  # a send and its replicas' sends
+
 
 @dataclass
 class _Rendezvous:
@@ -68,8 +70,7 @@ class Engine:
         self._contending: dict[tuple[int, CollectiveOp], list[tuple[int, ...]]] = {}
         self.programs = programs
         self._sends: dict[tuple[int, int], list[tuple[int, int]]] = {}
-        self._send_calls: dict[tuple[int, float, int], tuple[CollectiveCall, list[CollectiveCall]]]
-        self._send_calls = {}
+        self._send_calls: dict[tuple[int, float, int], _SendCalls] = {}
         self._expected: dict[int, int] = {}
         # (op, bytes, id of a cached group, root) -> the call, holding the group alive
         self._calls: dict[tuple[object, ...], tuple[CollectiveCall, tuple[int, ...]]] = {}
@@ -331,15 +332,18 @@ class Engine:
 
     def send_calls(self, rank: int, comm: Comm) -> tuple[CollectiveCall, list[CollectiveCall]]:
         """A pipeline send's call, and the same send of the other (dp, tp) replicas whose
-        flows share its links."""
-        call = CollectiveCall(
-            CollectiveOp.SEND_RECV, comm.nbytes, (rank, self.peer(rank, comm.peer))
-        )
-        replicas = [
-            CollectiveCall(CollectiveOp.SEND_RECV, comm.nbytes, pair)
-            for pair in self.send_replicas(rank, comm.peer)
-        ]
-        return call, replicas
+        flows share its links (kept: a pipeline repeats its sends)."""
+        key = (rank, comm.nbytes, comm.peer)
+        if key not in self._send_calls:
+            call = CollectiveCall(
+                CollectiveOp.SEND_RECV, comm.nbytes, (rank, self.peer(rank, comm.peer))
+            )
+            replicas = [
+                CollectiveCall(CollectiveOp.SEND_RECV, comm.nbytes, pair)
+                for pair in self.send_replicas(rank, comm.peer)
+            ]
+            self._send_calls[key] = (call, replicas)
+        return self._send_calls[key]
 
     def book_send(self, rank: int, task: Task, times: int = 1) -> None:
         """A pipeline send's traffic (`times` the same), for every (dp, tp) replica it stands

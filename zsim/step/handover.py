@@ -18,7 +18,7 @@ from zsim.network.collective import CollectiveCall
 from zsim.step import prefix as fixed
 from zsim.step.prefix import Key, LoneSend, Prefix
 from zsim.step.program import Part, Task
-from zsim.step.spans import FusedPass, Span
+from zsim.step.spans import FusedPass
 from zsim.step.traffic import Traffic
 
 
@@ -26,7 +26,6 @@ class Engine(fixed.Engine, Protocol):
     """What the hand-over writes to in the engine (`zsim.step.engine.Engine`)."""
 
     env: simpy.Environment
-    spans: list[Span]
     passes: list[FusedPass]
     traffic: Traffic
 
@@ -110,10 +109,5 @@ def resume(
     """The end of a task that was running at the cut."""
     yield end
     if not task.parts:
-        engine.spans.append(_span(rank, task, start, engine.env.now))
+        engine.record(rank, task, start, engine.env.now)
     engine.finish(rank, task)
-
-
-def _span(rank: int, task: Task, start: float, end: float) -> Span:
-    nbytes = task.comm.nbytes if task.comm else 0.0
-    return Span(rank, task.stream, task.name, str(task.category), start, end, nbytes)
