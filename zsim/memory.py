@@ -109,6 +109,10 @@ def model_state_bytes(params: float, cfg: ParallelConfig) -> tuple[float, float,
     p = params * per.parameters / (nd if stage >= ZeroStage.PARAMETERS else 1)
     g = params * per.gradients / (nd if stage >= ZeroStage.GRADIENTS else 1)
     o = params * per.optimizer / (nd if stage >= ZeroStage.OPTIMIZER else 1)
+    if stage is ZeroStage.PARAMETERS and cfg.knobs.hpz_partition_size > 1:
+        # ZeRO++'s hpZ: a secondary partition over h ranks, in the parameters' dtype, where
+        # the parameters live (partition_parameters.py `_partition_param_sec`)
+        p += params * per.parameters / cfg.knobs.hpz_partition_size
     host = 0.0
     if cfg.offload is not Offload.NONE:
         # ZeRO-Offload: master, m, v and an fp32 gradient partition live on the host; ZeRO-3
@@ -243,7 +247,8 @@ def zero3_gathered_numel(model: ModelSpec, cfg: ParallelConfig, layers: tuple[La
     if model.kind is ModelKind.PARAMS_ONLY:
         return 0
     # the coordinator's replay depends on the modules' order and sizes, not on the batch or dp
-    same = replace(cfg, dp=1, micro_batch=1, grad_accum=1, offload=Offload.NONE)
+    knobs = replace(cfg.knobs, hpz_partition_size=1)  # gathers, not where they come from
+    same = replace(cfg, dp=1, micro_batch=1, grad_accum=1, offload=Offload.NONE, knobs=knobs)
     return _gathered_numel(model, same, layers)
 
 

@@ -148,7 +148,8 @@ def simulate(
     programs = [
         build_program(model, parallel, device, s, gloo, tp_time) for s in range(parallel.pp)
     ]
-    result = Engine(programs, grid, comms, full=full, slowdown=stragglers).run()
+    hpz = parallel.knobs.hpz_partition_size
+    result = Engine(programs, grid, comms, full=full, slowdown=stragglers, hpz=hpz).run()
     step = result.end_s
     times = _rank_times(result, {*(grid.rank(0, s, 0) for s in range(parallel.pp)), *slow})
     stages = tuple(times[grid.rank(0, s, 0)] for s in range(parallel.pp))

@@ -64,6 +64,19 @@ def _add_parallel_flags(p: argparse.ArgumentParser, stage: bool = True) -> None:
     ):
         k.add_argument(f"--{knob}", metavar="N")
     k.add_argument("--overlap-comm", action=argparse.BooleanOptionalAction, default=None)
+    z = p.add_argument_group("ZeRO++ (ZeRO-3; DeepSpeed's zero_hpz_partition_size, ...)")
+    z.add_argument(
+        "--hpz",
+        dest="hpz_partition_size",
+        metavar="H",
+        help="hpZ: a secondary parameter partition over H consecutive ranks (e.g. a node)",
+    )
+    z.add_argument(
+        "--quantized-weights",
+        action="store_true",
+        default=None,
+        help="qwZ: parameter all-gathers in int8 with fp32 scales",
+    )
 
 
 def _model_from(args: argparse.Namespace) -> Any:
@@ -108,6 +121,8 @@ def _parallel_from(
             "max_live_parameters",
             "max_reuse_distance",
             "overlap_comm",
+            "hpz_partition_size",
+            "quantized_weights",
         )
     }
     hidden = model.hidden if model.kind is not ModelKind.PARAMS_ONLY else None

@@ -63,7 +63,7 @@ def parallel_summary(cfg: ParallelConfig) -> dict[str, Any]:
         "offload": str(cfg.offload),
         "sequence_parallel": cfg.sequence_parallel,
         "flash_attention": cfg.flash_attention,
-    }
+    } | ({"zero_plus_plus": cfg.zero_plus_plus} if cfg.zero_plus_plus else {})
 
 
 def memory_report(
@@ -255,6 +255,7 @@ def _run_header(r: dict[str, Any]) -> str:
         f"{p['precision']}, micro-batch {p['micro_batch']} x accum {p['grad_accum']} = "
         f"global batch {p['global_batch']}, recompute {p['recompute']}, offload {p['offload']}"
         + "".join(f", {x.replace('_', ' ')}" for x in extras)
+        + (f", ZeRO++ {p['zero_plus_plus']}" if p.get("zero_plus_plus") else "")
     )
 
 

@@ -18,6 +18,8 @@ from zsim.workload.parallel import Offload, ParallelConfig, PipelineEngine, Reco
 def describe(cfg: ParallelConfig) -> str:
     """A layout in one line: ZeRO stage, offload, the three sizes, batch, schedule, options."""
     parts = [f"ZeRO-{int(cfg.zero_stage)}"]
+    if cfg.zero_plus_plus:
+        parts.append(cfg.zero_plus_plus)
     if cfg.offload is not Offload.NONE:
         parts.append(f"offload {cfg.offload}")
     parts.append(f"dp{cfg.dp} tp{cfg.tp} pp{cfg.pp}")

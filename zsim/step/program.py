@@ -47,6 +47,7 @@ class Group(StrEnum):
     DP = "dp"
     PP = "pp"  # send/recv to the neighbouring stage
     EMBEDDING = "embedding"  # first and last pipeline stage (tied embedding gradients)
+    HPZ = "hpz"  # ZeRO++'s secondary partition: consecutive data-parallel ranks (hpZ)
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ class Use:
     numel: int  # elements gathered (its non-persistent parameters)
     span: int  # all its elements: what DeepSpeed's reuse-distance walk counts
     persistent: bool
+    forward: bool = True  # a use in the forward (else in the backward, with any replay)
 
 
 @dataclass(frozen=True)
@@ -132,14 +133,15 @@ def module_trace(model: ModelSpec, cfg: ParallelConfig, layers: Sequence[Layer])
         p = layer_passes(model, cfg, x)
         passes.append((x, p.replay + p.backward))
     trace: list[Use] = []
-    for layer, ops in passes:
+    for i, (layer, ops) in enumerate(passes):
         previous: Key | None = None
         for op in ops:
             for module in op.modules:
                 gathered, total = module_numels(layer, module, cfg)
                 key = (layer.name, module)
                 if total and key != previous:
-                    trace.append(Use(key, gathered, total, persistent=not gathered))
+                    forward = i < len(layers)
+                    trace.append(Use(key, gathered, total, not gathered, forward))
                     previous = key
     return trace
 
@@ -156,15 +158,20 @@ class ParameterGathers:
         self._blocking: list[Task] = []  # the module's own fetch, which a prefetch follows
         self._position = 0
         self._current: Key | None = None
+        self._trace: list[Use] = []
+        self._micro_steps = 0
+        self._quantized: dict[int, float] = {}  # a quantized gather -> elements it gathers
 
     def start(self, layers: Sequence[Layer]) -> None:
         """Replay DeepSpeed's coordinator over this micro-step (forward + backward)."""
         cfg = self.job.cfg
         self._at = {}
-        for g in replay(module_trace(self.job.model, cfg, layers), cfg.knobs).gathers:
+        self._trace = module_trace(self.job.model, cfg, layers)
+        for g in replay(self._trace, cfg.knobs).gathers:
             self._at.setdefault(g.at, []).append(g)
         self._position = 0
         self._current = None
+        self._micro_steps += 1
 
     def use(self, layer: Layer, op: ComputeOp, last: list[Task], tag: str) -> list[Task]:
         """At a module's first op: issue the gathers DeepSpeed issues there (its blocking
@@ -179,20 +186,59 @@ class ParameterGathers:
                 continue
             self._current = key
             for g in self._at.pop(self._position, []):
-                nbytes = self.job.padded(g.numel) * self.job.element_bytes
-                comm = Comm(CollectiveOp.ALL_GATHER, nbytes, Group.DP)
-                task = self.writer.comm(
-                    f"{tag}.gather",
-                    comm,
-                    Category.PARAM_GATHER,
-                    last if g.blocking else [*last, *self._blocking],
-                    Stream.GATHER,
-                )
+                task = self._issue(g, last if g.blocking else [*last, *self._blocking], tag)
                 self._blocking = [task] if g.blocking else []
                 for k in g.keys:
                     self._inflight[k] = task
             self._position += 1
             if key in self._inflight:
-                waits.append(self._inflight.pop(key))
+                waits.append(self._dequantized(self._inflight.pop(key), tag))
         self._blocking = []
         return waits
+
+    def _issue(self, g: Gather, deps: list[Task], tag: str) -> Task:
+        """One all-gather call: on the data-parallel group, or with ZeRO++'s hpZ on the
+        rank's secondary group once the parameters have their secondary partition (all but
+        the first forward after an optimizer step, which frees them: stage3.py
+        `invalidate_secondary_tensor`; partition_parameters.py picks the group by it); with
+        qwZ as int8 values and fp32 scales, two calls, the shard quantized first."""
+        job, knobs = self.job, self.job.cfg.knobs
+        first_forward = self._micro_steps == 1 and self._trace[g.at].forward
+        group = Group.HPZ if knobs.hpz_partition_size > 1 and not first_forward else Group.DP
+        ranks = knobs.hpz_partition_size if group is Group.HPZ else job.cfg.dp
+        padded = job.padded(g.numel)  # padded to dp even for hpZ's secondary (PP:1693)
+        name, cat = f"{tag}.gather", Category.PARAM_GATHER
+        if not knobs.quantized_weights:
+            comm = Comm(CollectiveOp.ALL_GATHER, padded * job.element_bytes, group)
+            return self.writer.comm(name, comm, cat, deps, Stream.GATHER)
+        shard = padded / ranks
+        seconds = job.device.copy_time_s(1.5 * shard, job.dtype)  # read 2 B, write 1 B each
+        quantize = self.writer.compute(f"{name}.quantize", seconds, cat, deps, Stream.GATHER)
+        values = Comm(CollectiveOp.ALL_GATHER, padded, group)  # int8
+        scales = Comm(CollectiveOp.ALL_GATHER, ranks * 4 * quantizer_groups(shard), group)
+        task = self.writer.comm(name, values, cat, [quantize], Stream.GATHER)
+        task = self.writer.comm(f"{name}.scales", scales, cat, [task], Stream.GATHER)
+        self._quantized[id(task)] = padded
+        return task
+
+    def _dequantized(self, gather: Task, tag: str) -> Task:
+        """What a module waits for: its gather, or, quantized, the gather's dequantize to
+        fp16, run once on the consuming stream when first waited for (`handle.wait()`)."""
+        elements = self._quantized.pop(id(gather), None)
+        if elements is None:
+            return gather
+        seconds = self.job.device.copy_time_s(1.5 * elements, self.job.dtype)  # 1 B in, 2 out
+        return self.writer.compute(
+            f"{tag}.dequantize", seconds, Category.PARAM_GATHER, [gather], Stream.COMPUTE
+        )
+
+
+def quantizer_groups(shard: float) -> int:
+    """qwZ's quantization groups for a rank's shard of `shard` elements (partition_parameters
+    .py `_get_quantization_groups`): the fewest, of at most 8,000 elements each, that split it
+    into whole groups of a multiple of 8 elements."""
+    n = int(shard)
+    g = max(1, -(-n // 8000))
+    while g < n and n % (8 * g):
+        g += 1
+    return g

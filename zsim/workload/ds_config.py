@@ -27,10 +27,13 @@ _KNOB_KEYS = {
     "stage3_param_persistence_threshold": "param_persistence_threshold",
     "stage3_max_live_parameters": "max_live_parameters",
     "stage3_max_reuse_distance": "max_reuse_distance",
+    "zero_hpz_partition_size": "hpz_partition_size",
+    "zero_quantized_weights": "quantized_weights",
 }
 
 
 _BOOL_KNOBS = (
+    "quantized_weights",
     "overlap_comm",
     "contiguous_gradients",
     "reduce_scatter",
@@ -76,6 +79,24 @@ def _offload(zero: dict[str, Any]) -> Offload:
     return Offload.OPTIMIZER if on("offload_optimizer") else Offload.NONE
 
 
+def _check_unmodelled(zero: dict[str, Any]) -> None:
+    """Keys DeepSpeed 0.19.8 no longer takes, or that zsim cannot yet simulate: refused
+    rather than ignored."""
+    for key in ("mics_shard_size", "mics_hierarchical_params_gather"):
+        require(
+            key not in zero,
+            f"zero_optimization.{key}",
+            zero.get(key),
+            "absent: DeepSpeed 0.19.8 removed MiCS (runtime/config.py rejects the key)",
+        )
+    require(
+        not zero.get("zero_quantized_gradients"),
+        "zero_optimization.zero_quantized_gradients",
+        zero.get("zero_quantized_gradients"),
+        "false: ZeRO++'s quantized gradients (qgZ) are not simulated yet",
+    )
+
+
 def from_ds_config(
     ds: dict[str, Any], dp: int | None = None, tp: int = 1, pp: int = 1, **overrides: Any
 ) -> ParallelConfig:
@@ -84,6 +105,7 @@ def from_ds_config(
     zero = ds.get("zero_optimization", {})
     require(isinstance(zero, dict | None), "zero_optimization", zero, "a JSON object")
     zero = zero or {}
+    _check_unmodelled(zero)
     stage = _no_auto("zero_optimization.stage", zero.get("stage", 0))
     require(
         stage in (0, 1, 2, 3) and not isinstance(stage, bool),
@@ -180,6 +202,10 @@ def to_ds_config(cfg: ParallelConfig) -> dict[str, Any]:
             "stage3_max_live_parameters": k.max_live_parameters,
             "stage3_max_reuse_distance": k.max_reuse_distance,
         }
+        if k.hpz_partition_size > 1:
+            zero["zero_hpz_partition_size"] = k.hpz_partition_size
+        if k.quantized_weights:
+            zero["zero_quantized_weights"] = True
     if cfg.offload is not Offload.NONE:
         zero["offload_optimizer"] = {"device": "cpu"}
     if cfg.offload is Offload.OPTIMIZER_PARAMS:

@@ -89,6 +89,10 @@ class ZeroKnobs:
     param_persistence_threshold: int = 100_000
     max_live_parameters: int = 1_000_000_000
     max_reuse_distance: int = 1_000_000_000
+    # ZeRO++ (Wang et al. 2023; DeepSpeed 0.19 zero/config.py): the secondary partition of
+    # parameters over consecutive groups of this many ranks (hpZ), int8 parameter gathers (qwZ)
+    hpz_partition_size: int = 1
+    quantized_weights: bool = False
 
     def __post_init__(self) -> None:
         # DeepSpeed takes 0 for the stage-3 knobs (no prefetch, nothing persistent or kept
@@ -103,6 +107,8 @@ class ZeroKnobs:
         ):
             value = getattr(self, name)
             require(_whole(value, 0), name, value, "a non-negative integer (0 turns it off)")
+        h = self.hpz_partition_size
+        require(_whole(h, 0), "zero_hpz_partition_size", h, "a non-negative integer (1: off)")
 
 
 @dataclass(frozen=True)
@@ -181,6 +187,7 @@ class ParallelConfig:
             self.virtual_stages,
             "1 unless --pp-schedule interleaved",
         )
+        self._check_zero_plus_plus()
         require(  # Megatron: "number of microbatches is not divisible by pipeline-parallel size"
             self.pp_schedule is not PipelineSchedule.INTERLEAVED or self.grad_accum % self.pp == 0,
             "grad_accum",
@@ -188,6 +195,33 @@ class ParallelConfig:
             f"a multiple of pp={self.pp} (Megatron's interleaved schedule runs micro-batches "
             "in groups of pp)",
         )
+
+    def _check_zero_plus_plus(self) -> None:
+        """ZeRO++'s rules in DeepSpeed 0.19 (its knobs act in ZeRO-3 only, as there): hpZ
+        groups are consecutive global ranks that must divide the world (utils/groups.py) and
+        stand for data-parallel ranks (partition_parameters.py counts dp / h of them), so no
+        model parallelism with it."""
+        h = self.knobs.hpz_partition_size
+        if h <= 1 or self.zero_stage is not ZeroStage.PARAMETERS:
+            return
+        divides = self.dp % h == 0
+        require(divides, "zero_hpz_partition_size", h, f"a divisor of dp={self.dp}")
+        require(
+            self.tp == self.pp == 1,
+            "zero_hpz_partition_size",
+            h,
+            "1 with tp or pp > 1 (DeepSpeed builds hpZ groups from global ranks as if all were "
+            "data-parallel)",
+        )
+
+    @property
+    def zero_plus_plus(self) -> str:
+        """ZeRO++'s parts that act in this layout, in the paper's names ("" for none)."""
+        if self.zero_stage is not ZeroStage.PARAMETERS:
+            return ""
+        k = self.knobs
+        parts = [f"hpZ {k.hpz_partition_size}"] if k.hpz_partition_size > 1 else []
+        return ", ".join(parts + (["qwZ"] if k.quantized_weights else []))
 
     @property
     def world_size(self) -> int:
