@@ -32,10 +32,12 @@ from zsim.cluster.topology import Topology
 from zsim.memory import stage_params
 from zsim.network.collective import CollectiveCall, CollectiveOp
 from zsim.network.communicator import Communicator, simulate_s
+from zsim.plan.zero3_terms import zero3_terms
 from zsim.step.job import StageJob
 from zsim.step.kernels import LayerKernels
 from zsim.step.optimizer import step_passes
 from zsim.step.program import Comm
+from zsim.step.zero3 import module_trace, replay
 from zsim.workload.layout import rank_chunks
 from zsim.workload.model import Layer, ModelSpec
 from zsim.workload.parallel import (
@@ -83,6 +85,7 @@ class Estimator:
         self._beside: dict[int, tuple[tuple[int, ...], ...]] = {}  # DP group -> its TP peers'
         self._flops: dict[object, float] = {}  # forward FLOPs, message sizes, step passes
         self._stages: dict[tuple[object, ...], tuple[list[tuple[int, Layer]], int]] = {}
+        self._gathers: dict[tuple[object, ...], tuple[float, float]] = {}
 
     # ---- pieces ----
 
@@ -264,21 +267,24 @@ class Estimator:
         """(exposed data-parallel communication, optimizer and post-step time, bytes sent)
         of one stage's rank."""
         group = self._dp_group(grid, stage)
-        d, m, dtype, n = cfg.precision.bytes, cfg.grad_accum, str(cfg.precision), cfg.dp
+        d, n = cfg.precision.bytes, cfg.dp
         padded = -(-params // n) * n
         exposed = sent = 0.0
         if n > 1 and cfg.zero_stage is ZeroStage.PARAMETERS:
             peers = self._beside[id(group)]
-            gather = self.collective_s(CollectiveOp.ALL_GATHER, padded * d, group, peers)
-            scatter = self.collective_s(CollectiveOp.REDUCE_SCATTER, padded * d, group, peers)
-            # the buckets' copies run beside the reduce-scatters, on the reduction stream
-            scatter += self.device.copy_time_s(4 * d * params, dtype)
-            per_micro = max(0.0, gather - forward) + max(0.0, gather + scatter - backward)
-            exposed = m * per_micro
-            sent = m * 3 * (n - 1) / n * padded * d  # two gathers and a reduce-scatter
+
+            def collective(op: CollectiveOp, nbytes: float, members: tuple[int, ...]) -> float:
+                return self.collective_s(op, nbytes, members, peers if members is group else ())
+
+            h = cfg.knobs.hpz_partition_size
+            later = group if h <= 1 else self._kept(("hpz", h, id(group)), group[:h])
+            groups, passes = (group, later), (forward, backward)
+            ahead, behind = self._gathered(cfg, stage)
+            sizes = (float(params), float(padded), ahead, behind)
+            exposed, sent = zero3_terms(cfg, self.device, collective, groups, sizes, passes)
         elif n > 1:
             exposed = self._reduce(cfg, group, params, backward)
-            reductions = m if cfg.zero_stage is ZeroStage.GRADIENTS else 1
+            reductions = cfg.grad_accum if cfg.zero_stage is ZeroStage.GRADIENTS else 1
             sent = reductions * 2 * (n - 1) / n * params * d  # all-reduces
         shard = params / (n if cfg.zero_stage >= ZeroStage.OPTIMIZER else 1)
         optimizer = self._optimizer(cfg, stage, shard)
@@ -287,6 +293,21 @@ class Estimator:
             optimizer += self.collective_s(CollectiveOp.ALL_GATHER, padded * d, group, peers)
             sent += (n - 1) / n * padded * d
         return exposed, optimizer, sent
+
+    def _gathered(self, cfg: ParallelConfig, stage: int) -> tuple[float, float]:
+        """Elements a ZeRO-3 micro-step gathers in its forward and in its backward: DeepSpeed's
+        coordinator replayed (`zsim.step.zero3.replay`), each call padded to dp."""
+        k = cfg.knobs
+        key = ("gathered", cfg.dp, *_kernel_key(cfg), k.prefetch_bucket_size)
+        key += (k.param_persistence_threshold, k.max_live_parameters, k.max_reuse_distance)
+        if key not in self._gathers:
+            layers = self.job(cfg, stage).chunks[0]
+            trace = module_trace(self.model, cfg, layers)
+            sides = [0.0, 0.0]
+            for g in replay(trace, k).gathers:
+                sides[0 if trace[g.at].forward else 1] += -(-g.numel // cfg.dp) * cfg.dp
+            self._gathers[key] = (sides[0], sides[1])
+        return self._gathers[key]
 
     def _dp_group(self, grid: RankGrid, stage: int) -> tuple[int, ...]:
         """The first pipeline stage's data-parallel group stands for every stage's: their

@@ -1,7 +1,8 @@
 """The layouts a cluster allows for one model and global batch, by the frameworks' own rules.
 
 ZeRO stage x offload x tp (within a node) x pp x schedule (1F1B, GPipe, interleaved with v)
-x micro-batch (so the accumulation) x recompute x sequence parallelism x pipeline engine.
+x micro-batch (so the accumulation) x recompute x sequence parallelism x pipeline engine, and
+ZeRO-3 with ZeRO++'s hpZ (over a node) and qwZ.
 What a framework refuses is not enumerated: `ParallelConfig` and `check_layout` hold the rules
 (ZeRO-2/3 not with DeepSpeed's pipeline, offload from ZeRO-1, heads and kv-heads divisible by
 tp, layers over pp x v, interleaving's accumulation a multiple of pp, the batch rule).
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from zsim.errors import InputError
 from zsim.inputs.scenario import check_layout
@@ -40,6 +41,7 @@ class Space:
     max_micro_batch: int = 16
     precision: Precision = Precision.BF16
     flash_attention: bool = True
+    zero_plus_plus: bool = True  # ZeRO-3 with ZeRO++'s hpZ and qwZ too
 
 
 def _divisors(n: int) -> list[int]:
@@ -105,6 +107,23 @@ def layouts(
                         found = _valid(model, sizes, recompute, sp, pipe, space)
                         if found is not None:
                             yield found
+                            yield from _zero_plus_plus(found, gpus_per_node, space)
+
+
+def _zero_plus_plus(
+    cfg: ParallelConfig, gpus_per_node: int, space: Space
+) -> Iterator[ParallelConfig]:
+    """ZeRO-3's ZeRO++ variants: qwZ, and across nodes hpZ over a node, alone and with qwZ
+    (DeepSpeed builds hpZ groups from global ranks: data parallelism only)."""
+    if not space.zero_plus_plus or cfg.zero_stage is not ZeroStage.PARAMETERS or cfg.dp == 1:
+        return
+    k, nodes = cfg.knobs, cfg.dp > gpus_per_node and cfg.dp % gpus_per_node == 0
+    choices = [replace(k, quantized_weights=True)]
+    if cfg.tp == cfg.pp == 1 and nodes:
+        hpz = replace(k, hpz_partition_size=gpus_per_node)
+        choices += [hpz, replace(hpz, quantized_weights=True)]
+    for knobs in choices:
+        yield replace(cfg, knobs=knobs)
 
 
 def _valid(
