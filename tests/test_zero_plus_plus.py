@@ -24,8 +24,8 @@ from zsim.workload.parallel import ParallelConfig, ZeroKnobs
 # every module gathered at each of its uses (no prefetch, nothing persistent or kept), so a
 # micro-step's backward gathers mirror its forward's: the paper's accounting
 EVERY_USE = {"max_reuse_distance": 0, "param_persistence_threshold": 0, "prefetch_bucket_size": 0}
-# Megatron's padded vocabulary (a multiple of 128): GPT-2's 50,257, a prime times 1, would give
-# its embedding's shards groups of 32 elements, each with its 4-byte scale (DeepSpeed's rule)
+# Megatron's padded vocabulary (a multiple of 128), whose shards split into groups near 8,000
+# elements (GPT-2's 50,257 = 29 x 1,733 gives the embedding groups of 928: 0.2 % of scales)
 MODEL = build_model("gpt-350m", vocab="50304")
 
 

@@ -85,7 +85,8 @@ class Estimator:
         self._beside: dict[int, tuple[tuple[int, ...], ...]] = {}  # DP group -> its TP peers'
         self._flops: dict[object, float] = {}  # forward FLOPs, message sizes, step passes
         self._stages: dict[tuple[object, ...], tuple[list[tuple[int, Layer]], int]] = {}
-        self._gathers: dict[tuple[object, ...], tuple[float, float]] = {}
+        self._gathers: dict[tuple[object, ...], list[tuple[int, bool]]] = {}
+        self._gathered_sums: dict[tuple[object, ...], tuple[float, float]] = {}
 
     # ---- pieces ----
 
@@ -298,16 +299,20 @@ class Estimator:
         """Elements a ZeRO-3 micro-step gathers in its forward and in its backward: DeepSpeed's
         coordinator replayed (`zsim.step.zero3.replay`), each call padded to dp."""
         k = cfg.knobs
-        key = ("gathered", cfg.dp, *_kernel_key(cfg), k.prefetch_bucket_size)
-        key += (k.param_persistence_threshold, k.max_live_parameters, k.max_reuse_distance)
-        if key not in self._gathers:
-            layers = self.job(cfg, stage).chunks[0]
-            trace = module_trace(self.model, cfg, layers)
+        key: tuple[object, ...] = (cfg.tp, cfg.recompute, cfg.sequence_parallel)
+        key += (cfg.flash_attention, k.prefetch_bucket_size, k.param_persistence_threshold)
+        key += (k.max_live_parameters, k.max_reuse_distance)
+        if key not in self._gathers:  # (elements, in the forward) of each call
+            trace = module_trace(self.model, cfg, self.job(cfg, stage).chunks[0])
+            calls = [(g.numel, trace[g.at].forward) for g in replay(trace, k).gathers]
+            self._gathers[key] = calls
+        padded = (*key, cfg.dp)
+        if padded not in self._gathered_sums:
             sides = [0.0, 0.0]
-            for g in replay(trace, k).gathers:
-                sides[0 if trace[g.at].forward else 1] += -(-g.numel // cfg.dp) * cfg.dp
-            self._gathers[key] = (sides[0], sides[1])
-        return self._gathers[key]
+            for numel, forward in self._gathers[key]:
+                sides[0 if forward else 1] += -(-numel // cfg.dp) * cfg.dp
+            self._gathered_sums[padded] = (sides[0], sides[1])
+        return self._gathered_sums[padded]
 
     def _dp_group(self, grid: RankGrid, stage: int) -> tuple[int, ...]:
         """The first pipeline stage's data-parallel group stands for every stage's: their

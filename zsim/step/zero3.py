@@ -21,6 +21,7 @@ parameters; numel is per TP rank.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -233,12 +234,20 @@ class ParameterGathers:
         )
 
 
+@functools.cache
 def quantizer_groups(shard: float) -> int:
     """qwZ's quantization groups for a rank's shard of `shard` elements (partition_parameters
     .py `_get_quantization_groups`): the fewest, of at most 8,000 elements each, that split it
-    into whole groups of a multiple of 8 elements."""
+    into whole groups of a multiple of 8 elements, i.e. the least divisor of shard / 8 not
+    below shard / 8,000. DeepSpeed asserts the shard is a multiple of 8; for one that is not
+    (zsim pads a gather to dp only) the 8,000-element bound alone."""
     n = int(shard)
-    g = max(1, -(-n // 8000))
-    while g < n and n % (8 * g):
-        g += 1
-    return g
+    least = max(1, -(-n // 8000))
+    if n % 8 or n < 8:
+        return least
+    m, best, d = n // 8, n // 8, 1
+    while d * d <= m:
+        if m % d == 0:
+            best = min([best, *(c for c in (d, m // d) if c >= least)])
+        d += 1
+    return best
