@@ -127,24 +127,39 @@ def module_numels(layer: Layer, module: str, cfg: ParallelConfig) -> tuple[int, 
 def module_trace(model: ModelSpec, cfg: ParallelConfig, layers: Sequence[Layer]) -> list[Use]:
     """The module uses of one micro-step (forward, then backward with any recompute), in the
     order DeepSpeed's hooks fire: one use per run of kernels reading the same submodule."""
-    passes: list[tuple[Layer, tuple[ComputeOp, ...]]] = []
-    for x in layers:
-        passes.append((x, layer_passes(model, cfg, x).forward))
-    for x in reversed(layers):
-        p = layer_passes(model, cfg, x)
-        passes.append((x, p.replay + p.backward))
+    found: dict[tuple[object, ...], tuple[list[_Run], list[_Run]]] = {}
     trace: list[Use] = []
-    for i, (layer, ops) in enumerate(passes):
-        previous: Key | None = None
+    for forward, order in ((True, layers), (False, tuple(reversed(layers)))):
+        for layer in order:
+            shape = (layer.kind, *((t.name, t.per_rank(cfg.tp)) for t in layer.tensors))
+            if shape not in found:  # alike layers (a model's blocks) use their modules alike
+                found[shape] = _module_runs(model, cfg, layer)
+            for module, gathered, total in found[shape][0 if forward else 1]:
+                key = (layer.name, module)
+                trace.append(Use(key, gathered, total, not gathered, forward))
+    return trace
+
+
+_Run = tuple[str, int, int]  # (module, elements to gather, all elements)
+
+
+def _module_runs(
+    model: ModelSpec, cfg: ParallelConfig, layer: Layer
+) -> tuple[list[_Run], list[_Run]]:
+    """A layer's module uses in its forward and in its backward (replay first)."""
+    p = layer_passes(model, cfg, layer)
+    sides: list[list[_Run]] = []
+    for ops in (p.forward, p.replay + p.backward):
+        runs: list[_Run] = []
+        previous: str | None = None
         for op in ops:
             for module in op.modules:
                 gathered, total = module_numels(layer, module, cfg)
-                key = (layer.name, module)
-                if total and key != previous:
-                    forward = i < len(layers)
-                    trace.append(Use(key, gathered, total, not gathered, forward))
-                    previous = key
-    return trace
+                if total and module != previous:
+                    runs.append((module, gathered, total))
+                    previous = module
+        sides.append(runs)
+    return sides[0], sides[1]
 
 
 class ParameterGathers:
