@@ -19,14 +19,13 @@ benchmarks/results/plan.md (between its markers) and plan_agreement.csv.
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 import sys
 import time
 from pathlib import Path
 
 from bench_step_speed import reference_s
-from results_md import write_block
+from results_md import write_block, write_csv
 
 from zsim.inputs import presets
 from zsim.memory import peak_ledger
@@ -162,10 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     print(block)
     if not args.no_write:
         write_block(RESULTS / "plan.md", block)
-        with (RESULTS / "plan_agreement.csv").open("w", newline="", encoding="utf-8") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
+        write_csv(RESULTS / "plan_agreement.csv", rows)
     return 0
 
 

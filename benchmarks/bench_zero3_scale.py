@@ -15,14 +15,13 @@ nothing here is fitted to a published run.
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from results_md import write_block
+from results_md import write_block, write_csv
 
 from zsim.cluster.topology import Topology
 from zsim.inputs import presets
@@ -136,10 +135,7 @@ def main() -> int:
     if sizes is not None:
         print(table(rows))
         return 0
-    with open(RESULTS / "zero3_scale.csv", "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(RESULTS / "zero3_scale.csv", rows)
     write_block(RESULTS / "zero3_scale.md", table(rows))
     return 0
 

@@ -11,11 +11,10 @@ Spec-sheet presets (A100 80 GB); nothing here is fitted to a run.
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 from pathlib import Path
 
-from results_md import write_block
+from results_md import write_block, write_csv
 
 from zsim.inputs import presets
 from zsim.simulation import simulate
@@ -98,10 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     print(block)
     if not args.no_write:
         write_block(RESULTS / "zero_plus_plus.md", block)
-        with (RESULTS / "zero_plus_plus.csv").open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(data[0]))
-            writer.writeheader()
-            writer.writerows(data)
+        write_csv(RESULTS / "zero_plus_plus.csv", data)
     return 0
 
 

@@ -3,7 +3,10 @@ hand-written method and diagnosis around them are kept."""
 
 from __future__ import annotations
 
+import csv
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 BEGIN, END = "<!-- tables:begin -->", "<!-- tables:end -->"
 
@@ -13,3 +16,11 @@ def write_block(path: Path, block: str) -> None:
     head, _, rest = old.partition(BEGIN)
     _, _, tail = rest.partition(END)
     path.write_text(f"{head}{BEGIN}\n{block}{END}{tail}", encoding="utf-8")
+
+
+def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    """The rows of a results table, their keys (those of the first) as the header."""
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)

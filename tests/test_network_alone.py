@@ -12,15 +12,15 @@ from zsim.network.flows import FlowNetwork
 B = 10e9
 
 
-def _ends(topo, lone, flows, delay_s=0.0):
-    """End times: `lone` (src, dst, bytes) timed alone after `delay_s`, and `flows` (start,
-    src, dst, bytes) started as flows."""
+def _ends(topo, lone, flows, delay_s=0.0, copies=()):
+    """End times: `lone` (src, dst, bytes) timed alone after `delay_s` with its `copies`
+    (pairs) beside it, and `flows` (start, src, dst, bytes) started as flows."""
     env = simpy.Environment()
     net = FlowNetwork(env, topo)
     ends = {}
 
     def first():
-        yield net.transfer_alone(*lone, delay_s)
+        yield net.transfer_alone(*lone, delay_s, alongside=copies)
         ends["lone"] = env.now
 
     def later(i, at, src, dst, nbytes):
@@ -87,33 +87,10 @@ def test_disjoint_sends_stay_alone():
     assert net.recomputations == 0
 
 
-def _copies_ends(topo, lone, copies, flows=()):
-    """`lone` (src, dst, bytes) timed alone with its `copies` (pairs) beside it, and `flows`
-    (start, src, dst, bytes) started as flows."""
-    env = simpy.Environment()
-    net = FlowNetwork(env, topo)
-    ends = {}
-
-    def first():
-        yield net.transfer_alone(*lone, 0.0, alongside=copies)
-        ends["lone"] = env.now
-
-    def later(i, at, src, dst, nbytes):
-        yield env.timeout(at)
-        yield net.transfer(src, dst, nbytes)
-        ends[i] = env.now
-
-    env.process(first())
-    for i, f in enumerate(flows):
-        env.process(later(i, *f))
-    env.run()
-    return ends, net
-
-
 def test_a_send_whose_copies_share_its_link_moves_with_them_at_the_shared_rate():
     # 0 -> 1 and its copy 2 -> 1 share the link into 1: B/2 each, the same for both
     topo = uniform_star(4, B / 1e9, 0.0)
-    ends, net = _copies_ends(topo, (0, 1, 1e9), ((2, 1),))
+    ends, net = _ends(topo, (0, 1, 1e9), [], copies=((2, 1),))
     assert ends["lone"] == pytest.approx(2 * 1e9 / B, rel=1e-12)
     assert net.recomputations == 0  # timed alone, copies and all
     assert net.booked.per_gpu(source=True)[2] == 1e9  # the copy's bytes are booked too
@@ -124,7 +101,7 @@ def test_copies_at_another_rate_are_flows():
     # out of 0: the send, copies 0 -> 2 and 0 -> 3 (B/3 each); 4 -> 3 takes the rest of the
     # link into 3 (2B/3): not one rate, so they run as flows; the send ends at 3 s/B
     topo = uniform_star(5, B / 1e9, 0.0)
-    ends, net = _copies_ends(topo, (0, 1, 1e9), ((0, 2), (0, 3), (4, 3)))
+    ends, net = _ends(topo, (0, 1, 1e9), [], copies=((0, 2), (0, 3), (4, 3)))
     assert ends["lone"] == pytest.approx(3 * 1e9 / B, rel=1e-9)
     assert net.recomputations > 0
 
@@ -134,7 +111,7 @@ def test_a_flow_onto_a_copys_link_makes_flows_of_the_send_and_its_copies():
     # copy's link out of 2: the copy and the flow go at B/2 (the send's links stay its own)
     topo = uniform_star(5, B / 1e9, 0.0)
     s, t0 = 1e9, 0.02
-    ends, net = _copies_ends(topo, (0, 1, s), ((2, 3),), [(t0, 2, 4, s)])
+    ends, net = _ends(topo, (0, 1, s), [(t0, 2, 4, s)], copies=((2, 3),))
     copy_ends = t0 + 2 * (s - B * t0) / B
     assert ends["lone"] == pytest.approx(s / B, rel=1e-9)
     assert ends[0] == pytest.approx(copy_ends + (s - (copy_ends - t0) * B / 2) / B, rel=1e-9)

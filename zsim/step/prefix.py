@@ -109,9 +109,10 @@ def time_prefix(engine: Engine) -> Prefix:
     starts_left: list[float] = []  # when the first task that is not fixed-time would start
     while ready:
         stream = ready.popleft()
-        for key in _advance(engine, stream, prefix, waiting, starts_left):
+        for task in _advance(engine, stream, prefix, waiting, starts_left):
+            key = (stream.rank, task.index)
             ready.extend(waiting.pop(key, ()))
-            found = _arrival(engine, key, prefix, receives)
+            found = _arrival(engine, key, task, prefix, receives)
             if found is not None:
                 ready.extend(waiting.pop(found, ()))
     last = max(prefix.end.values(), default=0.0)  # all fixed-time: the event loop ends there
@@ -126,7 +127,7 @@ def _advance(
     prefix: Prefix,
     waiting: dict[Key, list[_Stream]],
     starts_left: list[float],
-) -> Iterator[Key]:
+) -> Iterator[Task]:
     """Time the stream's tasks in order until one waits for a task not yet timed (the stream
     waits for it) or is not fixed-time (the stream stops); yields each task timed."""
     rank = stream.rank
@@ -148,7 +149,7 @@ def _advance(
         prefix.start[key], prefix.end[key] = start, end
         stream.free_s = end
         stream.pos += 1
-        yield key
+        yield task
 
 
 def _fixed_end(engine: Engine, rank: int, task: Task, start: float, prefix: Prefix) -> float | None:
@@ -163,15 +164,10 @@ def _fixed_end(engine: Engine, rank: int, task: Task, start: float, prefix: Pref
     if key not in prefix.send_terms:
         alone = engine.comms.lone_send(*engine.send_calls(rank, comm))
         terms = engine.comms.network.alone_terms(alone[0], alone[1], alone[4]) if alone else None
-        prefix.send_terms[key] = (
-            None
-            if alone is None or terms is None or alone[2] <= 0
-            else (
-                terms,
-                alone[2],
-                alone[3],
-            )
-        )
+        timed = None
+        if alone is not None and terms is not None and alone[2] > 0:
+            timed = (terms, alone[2], alone[3])
+        prefix.send_terms[key] = timed
     found = prefix.send_terms[key]
     if found is None:
         return None
@@ -183,15 +179,13 @@ def _fixed_end(engine: Engine, rank: int, task: Task, start: float, prefix: Pref
 
 
 def _arrival(
-    engine: Engine, key: Key, prefix: Prefix, receives: dict[tuple[int, str], Key]
+    engine: Engine, key: Key, task: Task, prefix: Prefix, receives: dict[tuple[int, str], Key]
 ) -> Key | None:
     """A timed send completes its receive: the receive ends when the data has arrived."""
     if key not in prefix.sends:
         return None
-    rank, index = key
-    task = engine.programs[engine.coords(rank)[1]].tasks[index]
     assert task.comm is not None
-    found = receives.get((engine.peer(rank, task.comm.peer), task.comm.tag))
+    found = receives.get((engine.peer(key[0], task.comm.peer), task.comm.tag))
     if found is None:
         return None
     prefix.sent_at[found] = prefix.start[key]
@@ -213,12 +207,10 @@ def _first_crowding(sends: Iterable[LoneSend], capacity: FloatArray) -> float:
     shared = table[np.isin(table[:, 0], table[1:, 0][meets])]
     if not len(shared):
         return float("inf")
-    changes = np.concatenate(  # (capacity, time, 0 issued / 1 ended, load change)
-        (shared[:, [0, 1]], np.zeros((len(shared), 1)), shared[:, [3]]),
-        axis=1,
-    )
-    ends = np.column_stack((shared[:, [0, 2]], np.ones(len(shared)), -shared[:, 3]))
-    changes = np.concatenate((changes, ends))
+    # (capacity, time, 0 issued / 1 ended, load change)
+    issued = np.column_stack((shared[:, [0, 1]], np.zeros(len(shared)), shared[:, 3]))
+    ended = np.column_stack((shared[:, [0, 2]], np.ones(len(shared)), -shared[:, 3]))
+    changes = np.concatenate((issued, ended))
     changes = changes[np.lexsort((changes[:, 2], changes[:, 1], changes[:, 0]))]
     total = np.cumsum(changes[:, 3])
     first = np.flatnonzero(np.r_[True, changes[1:, 0] != changes[:-1, 0]])
