@@ -148,3 +148,17 @@ def test_hpz_groups_deepspeed_cannot_build_are_refused(
     argv = ["run", "--topology", "1x8-nvlink", "--model", "gpt-125m", "--stage", "3", *flags]
     assert main(argv) == 2
     assert said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("key", ["zero_quantized_weights", "overlap_comm"])
+def test_a_switch_given_as_a_string_is_refused_not_read_as_true(
+    key: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ds = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3, key: "no"}}
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(ds))
+    argv = ["run", "--topology", "1x8-nvlink", "--model", "gpt-125m", "--ds-config", str(path)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"zero_optimization.{key}='no'" in err
+    assert "true or false" in err

@@ -67,6 +67,7 @@ def _add_parallel_flags(p: argparse.ArgumentParser, stage: bool = True) -> None:
     z = p.add_argument_group("ZeRO++ (ZeRO-3; DeepSpeed's zero_hpz_partition_size, ...)")
     z.add_argument(
         "--hpz",
+        "--hpz-partition-size",
         dest="hpz_partition_size",
         metavar="H",
         help="hpZ: a secondary parameter partition over H consecutive ranks (e.g. a node)",

@@ -303,7 +303,7 @@ class Estimator:
         key += (cfg.flash_attention, k.prefetch_bucket_size, k.param_persistence_threshold)
         key += (k.max_live_parameters, k.max_reuse_distance)
         if key not in self._gathers:  # (elements, in the forward) of each call
-            trace = module_trace(self.model, cfg, self.job(cfg, stage).chunks[0])
+            trace = module_trace(self.model, cfg, rank_chunks(self.model, cfg, stage)[0])
             calls = [(g.numel, trace[g.at].forward) for g in replay(trace, k).gathers]
             self._gathers[key] = calls
         padded = (*key, cfg.dp)

@@ -97,6 +97,21 @@ def _check_unmodelled(zero: dict[str, Any]) -> None:
     )
 
 
+def _knobs(zero: dict[str, Any]) -> ZeroKnobs:
+    """The zero_optimization knobs zsim simulates, checked as DeepSpeed would read them."""
+    knobs: dict[str, Any] = {}
+    for key, name in _KNOB_KEYS.items():
+        if key not in zero:
+            continue
+        field, value = f"zero_optimization.{key}", _no_auto(f"zero_optimization.{key}", zero[key])
+        if name in _BOOL_KNOBS:  # a string such as "no" would read as true: JSON booleans only
+            require(isinstance(value, bool), field, value, "true or false")
+            knobs[name] = value
+        else:
+            knobs[name] = count(field, value)
+    return ZeroKnobs(**knobs)
+
+
 def from_ds_config(
     ds: dict[str, Any], dp: int | None = None, tp: int = 1, pp: int = 1, **overrides: Any
 ) -> ParallelConfig:
@@ -132,15 +147,6 @@ def from_ds_config(
         batch["gradient_accumulation_steps"],
         batch["train_batch_size"],
     )
-    knobs = {
-        name: _no_auto(f"zero_optimization.{key}", zero[key])
-        for key, name in _KNOB_KEYS.items()
-        if key in zero
-    }
-    for name, value in knobs.items():
-        if name not in _BOOL_KNOBS:
-            key = next(k for k, n in _KNOB_KEYS.items() if n == name)
-            knobs[name] = count(f"zero_optimization.{key}", value)
     fields: dict[str, Any] = {
         "dp": dp,
         "tp": tp,
@@ -150,7 +156,7 @@ def from_ds_config(
         "grad_accum": accum,
         "precision": _precision(ds),
         "offload": _offload(zero),
-        "knobs": ZeroKnobs(**knobs),
+        "knobs": _knobs(zero),
     }
     if (ds.get("activation_checkpointing") or {}).get("partition_activations") is not None:
         fields["recompute"] = Recompute.FULL
