@@ -44,10 +44,11 @@ def _edge_bandwidth(topo, u, v):
 
 def test_spec_sheet_bandwidths():
     a100 = presets.topology("2x8-dgx-a100")
-    assert _edge_bandwidth(a100, "n0.gpu3", "n0.nvswitch") == pytest.approx(600 * GB / 2)
+    # NVLink at NCCL's rate (src/graph/topo.h): 12 NVLink3 x 20 GB/s, 18 NVLink4 x 20.6 GB/s
+    assert _edge_bandwidth(a100, "n0.gpu3", "n0.nvswitch") == pytest.approx(12 * 20 * GB)
     assert _edge_bandwidth(a100, "n0.nic3", "leaf3") == pytest.approx(200e9 / 8)
     h100 = presets.topology("2x8-dgx-h100")
-    assert _edge_bandwidth(h100, "n1.gpu0", "n1.nvswitch") == pytest.approx(900 * GB / 2)
+    assert _edge_bandwidth(h100, "n1.gpu0", "n1.nvswitch") == pytest.approx(18 * 20.6 * GB)
     assert _edge_bandwidth(h100, "n1.nic0", "leaf0") == pytest.approx(400e9 / 8)
     eth = presets.topology("2x4-ethernet")
     assert _edge_bandwidth(eth, "n0.nic0", "leaf0") == pytest.approx(100e9 / 8)

@@ -124,6 +124,11 @@ def _print_topology(summary: dict[str, Any]) -> None:
         for link in summary["links"]
     ]
     render.print_rows(rows, "Links")
+    if "nvlink_line_GBps" in summary:
+        print(
+            f"  nvlink: the rate NCCL drives {summary['nvlinks_per_gpu']} NVLinks per GPU at "
+            f"(line rate {summary['nvlink_line_GBps']:g} GB/s; zsim.cluster.nvlink)"
+        )
     if "plot" in summary:
         print(f"  drawing: {summary['plot']}")
 

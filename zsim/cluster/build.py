@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from zsim.cluster.fabric import FabricSpec, LinkClass, LinkSpec, NicAttach
+from zsim.cluster.fabric import Backend, FabricSpec, LinkClass, LinkSpec, NicAttach
+from zsim.cluster.nvlink import nccl_link
 from zsim.errors import InputError
 
 IntArray = npt.NDArray[np.int64]
@@ -56,8 +57,9 @@ def node_template(fabric: FabricSpec, gpus: int) -> tuple[Edge, ...]:
     """The edges of node 0, with node-local vertex names (gpu0, nvswitch, pcie0, host, nic0)."""
     edges: list[Edge] = []
     if fabric.nvswitch is not None:
+        nvlink = _nvlink(fabric)
         for i in range(gpus):
-            edges += both(f"gpu{i}", "nvswitch", fabric.nvswitch, LinkClass.NVLINK)
+            edges += both(f"gpu{i}", "nvswitch", nvlink, LinkClass.NVLINK)
     if fabric.loopback is not None:
         for i in range(gpus):
             edges += both(f"gpu{i}", "host", fabric.loopback, LinkClass.LOOPBACK)
@@ -70,6 +72,15 @@ def node_template(fabric: FabricSpec, gpus: int) -> tuple[Edge, ...]:
     for j in range(fabric.nics_per_node):
         edges += _nic_attachment(fabric, gpus, j)
     return tuple(edges)
+
+
+def _nvlink(fabric: FabricSpec) -> LinkSpec:
+    """A GPU's edge to the NVSwitch plane: at NCCL's rate where the backend is NCCL and the
+    fabric names its NVLink count (`zsim.cluster.nvlink`), else at the line rate."""
+    assert fabric.nvswitch is not None
+    if fabric.backend is not Backend.NCCL:
+        return fabric.nvswitch
+    return nccl_link(fabric.nvswitch, fabric.gpu, fabric.nvlinks_per_gpu)
 
 
 def pcie_switch(fabric: FabricSpec, local_gpu: int) -> str:

@@ -124,7 +124,8 @@ class FabricSpec:
     call_latency_s: float  # fixed cost of one collective call (kernel launch, setup)
     host_cpu: str  # "intel" or "amd": NCCL's tuner costs a network step by the CPU vendor
     protocol: str  # NCCL's protocols: auto (its tuner), ll, ll128, simple, or ideal (none)
-    nvswitch: LinkSpec | None  # GPU <-> NVSwitch plane, per GPU
+    nvswitch: LinkSpec | None  # GPU <-> NVSwitch plane, per GPU (the spec's line rate)
+    nvlinks_per_gpu: int | None  # NVLinks behind it (spec sheet): NCCL's rate; None: the line's
     pcie: LinkSpec | None
     gpus_per_pcie_switch: int
     loopback: LinkSpec | None  # rank <-> host stack (CPU fabric)
@@ -195,6 +196,7 @@ def fabric_from_mapping(
         host_cpu=host_cpu,
         protocol=protocol,
         nvswitch=nvswitch,
+        nvlinks_per_gpu=_nvlinks(data, source),
         pcie=pcie,
         gpus_per_pcie_switch=positive_int(
             f"{source}:pcie.gpus_per_switch", pcie_map.get("gpus_per_switch", 1)
@@ -260,11 +262,19 @@ def _link(data: Mapping[str, Any], key: str, source: str, required: bool) -> Lin
     section = _section(data, key, source)
     allowed = {"bandwidth_GBps", "latency_us"} | ({"gpus_per_switch"} if key == "pcie" else set())
     allowed |= {"duplex"} if key == "loopback" else set()
+    allowed |= {"links"} if key == "nvswitch" else set()
     _known(section, allowed, source, f"{key}.")
     bandwidth = positive_number(f"{source}:{key}.bandwidth_GBps", section.get("bandwidth_GBps"))
     duplex = section.get("duplex", "full")
     require(duplex in ("full", "half"), f"{source}:{key}.duplex", duplex, "full or half")
     return LinkSpec(bandwidth * GB, _latency(section, source, f"{key}."), duplex == "half")
+
+
+def _nvlinks(data: Mapping[str, Any], source: str) -> int | None:
+    section = data.get("nvswitch")
+    if not isinstance(section, Mapping) or "links" not in section:
+        return None
+    return positive_int(f"{source}:nvswitch.links", section["links"])
 
 
 _LOCAL_KEYS = {

@@ -30,6 +30,7 @@ import numpy as np
 
 from zsim.cluster.build import IntArray
 from zsim.cluster.fabric import NicAttach
+from zsim.cluster.nvlink import compute_capability
 from zsim.cluster.topology import Topology
 from zsim.errors import InputError
 from zsim.network.collective import (
@@ -48,7 +49,6 @@ from zsim.network.nccl_tuner import (
     NcclComm,
     Protocol,
     choose,
-    compute_capability,
     extra_latency_s,
 )
 from zsim.network.patterns import (

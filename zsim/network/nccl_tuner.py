@@ -88,17 +88,6 @@ _NET_OVERHEAD_US = {"intel": 1.0, "amd": 2.0}
 PLATEAU = {True: 1.4, False: 1.9}
 """`ncclTopoGetAlgoTime`'s ring plateau factor, from Ampere on (True) and before."""
 
-SM_BY_GPU = {"v100": 70, "a100": 80, "h100": 90, "h200": 90, "b200": 100}
-"""GPU name prefix -> compute capability x10, NCCL's `minCompCap` (CUDA's table)."""
-
-
-def compute_capability(gpu: str | None) -> int:
-    """NCCL's GPU generation for a GPU preset name; Ampere when unknown."""
-    for prefix, sm in SM_BY_GPU.items():
-        if gpu is not None and gpu.lower().startswith(prefix):
-            return sm
-    return 80
-
 
 @dataclass(frozen=True)
 class NcclComm:

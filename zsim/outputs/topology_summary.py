@@ -12,7 +12,7 @@ from zsim.cluster.topology import Topology
 def describe(topo: Topology) -> dict[str, Any]:
     """A JSON-ready summary: counts, each link class with its numbers, and on a gloo fabric
     its ranks' local work."""
-    gloo = topo.fabric.backend is Backend.GLOO
+    gloo = gloo_fabric(topo)
     kinds: dict[str, int] = {}
     for _, data in topo.graph.nodes(data=True):
         kinds[data["kind"]] = kinds.get(data["kind"], 0) + 1
@@ -45,7 +45,23 @@ def describe(topo: Topology) -> dict[str, Any]:
             for cls, bw, lat, half, count in topo.link_classes()
         ],
         **({"local_work": _local_work_summary(topo.local_work)} if gloo else {}),
+        **_nvlink_line(topo),
     }
+
+
+def _nvlink_line(topo: Topology) -> dict[str, Any]:
+    """The NVLink line rate and link count where NCCL's rate replaces it (`zsim.cluster.nvlink`)."""
+    fabric = topo.fabric
+    if fabric.nvswitch is None or fabric.nvlinks_per_gpu is None or gloo_fabric(topo):
+        return {}
+    return {
+        "nvlink_line_GBps": round(fabric.nvswitch.bandwidth_bytes_per_s / 1e9, 9),
+        "nvlinks_per_gpu": fabric.nvlinks_per_gpu,
+    }
+
+
+def gloo_fabric(topo: Topology) -> bool:
+    return topo.fabric.backend is Backend.GLOO
 
 
 def _local_work_summary(work: LocalWork) -> dict[str, Any]:
