@@ -28,14 +28,21 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from reference_mapping import CSV_OUT, FILES, REFERENCE, RESULTS, Case, Skip, map_row
+from reference_ablation import ablation_table, plot
+from reference_mapping import CSV_OUT, FILES, MD_OUT, REFERENCE, RESULTS, Case, Skip, map_row
 from reference_report import COLUMNS, load_results, tables, write_md
+from results_md import write_block, write_csv
 
 from zsim.cluster.fabric import fabric_from_mapping
 from zsim.cluster.topology import Topology, build_topology
 from zsim.inputs import presets
 from zsim.inputs.files import load_mapping
 from zsim.simulation import simulate
+from zsim.workload.mechanisms import Mechanism
+
+PNG_OUT = RESULTS / "reference_runs.png"
+ABLATION_CSV = RESULTS / "reference_ablation.csv"
+ABLATION_BEGIN, ABLATION_END = "<!-- ablation:begin -->", "<!-- ablation:end -->"
 
 
 def read_rows(file: str) -> list[dict[str, str]]:
@@ -92,14 +99,18 @@ def topology_of(case: Case) -> Topology:
     return build_topology(name, spec, case.nodes, per_node)
 
 
-def run_case(case: Case, protocol: str | None = None) -> dict[str, Any]:
-    """One row; `protocol` overrides the cluster's NCCL protocol model (an ablation)."""
+def run_case(
+    case: Case, protocol: str | None = None, without: frozenset[Mechanism] = frozenset()
+) -> dict[str, Any]:
+    """One row; `protocol` overrides the cluster's NCCL protocol model, `without` switches
+    mechanisms off (ablations)."""
     start = time.perf_counter()
     try:
         topo = topology_of(case)
         if protocol is not None:
-            topo = replace(topo, fabric=replace(topo.fabric, protocol=protocol))
-        report = simulate(case.model, case.parallel, topo, presets.gpu(case.gpu))
+            topo = replace(topo, fabric=replace(topo.fabric, protocol=protocol), memo={})
+        cfg = replace(case.parallel, without=without)
+        report = simulate(case.model, cfg, topo, presets.gpu(case.gpu))
     except Exception as exc:  # a scenario zsim cannot run is a finding, recorded as such
         return outcome(case, None, f"zsim failed: {type(exc).__name__}: {exc}", start)
     return outcome(case, report, "", start)
@@ -174,6 +185,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--from-csv", action="store_true", help="re-render the tables from the last CSV only"
     )
+    parser.add_argument(
+        "--ablate",
+        action="store_true",
+        help="also simulate the rows once per mechanism with it switched off (the ablation "
+        "table and reference_ablation.csv)",
+    )
     return parser
 
 
@@ -207,11 +224,17 @@ def choose(args: argparse.Namespace, results: list[dict[str, Any]]) -> list[Case
     return cases
 
 
-def simulate_all(cases: list[Case], jobs: int, protocol: str | None = None) -> list[dict[str, Any]]:
+def simulate_all(
+    cases: list[Case],
+    jobs: int,
+    protocol: str | None = None,
+    without: frozenset[Mechanism] = frozenset(),
+) -> list[dict[str, Any]]:
     cases = sorted(cases, key=cost, reverse=True)  # longest first keeps the workers busy
     out = []
     with ProcessPoolExecutor(max_workers=jobs) as pool:
-        for future in as_completed([pool.submit(run_case, c, protocol) for c in cases]):
+        futures = [pool.submit(run_case, c, protocol, without) for c in cases]
+        for future in as_completed(futures):
             result = future.result()
             print(
                 f"{result['row_id']:38s} {result.get('error_pct', result.get('reason'))!s:>8}"
@@ -226,10 +249,12 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     start = time.perf_counter()
     if args.from_csv:
-        block = tables(load_results(CSV_OUT), "Re-rendered from reference_runs.csv.")
+        previous = load_results(CSV_OUT)
+        block = tables(previous, "Re-rendered from reference_runs.csv.")
         print(block)
         if not args.no_write:
             write_md(block)
+            plot(previous, PNG_OUT)
         return 0
     results: list[dict[str, Any]] = []
     cases = choose(args, results)
@@ -249,7 +274,30 @@ def main(argv: list[str] | None = None) -> int:
             writer.writeheader()
             writer.writerows(results)
         write_md(block)
+        plot(results, PNG_OUT)
+    if args.ablate:
+        ablation = ablate(cases, results, args)
+        print(ablation)
+        if not args.no_write:
+            write_block(MD_OUT, ablation, ABLATION_BEGIN, ABLATION_END)
     return 0
+
+
+def ablate(cases: list[Case], base: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    """The same rows once per mechanism switched off; its table, and every row's error with
+    each mechanism off in reference_ablation.csv."""
+    off: dict[str, list[dict[str, Any]]] = {}
+    for i, mechanism in enumerate(Mechanism, 1):
+        print(f"[ablation {i}/{len(Mechanism)}] without {mechanism}", file=sys.stderr)
+        off[str(mechanism)] = simulate_all(cases, args.jobs, args.protocol, frozenset({mechanism}))
+    if not args.no_write:
+        rows = [
+            {"row_id": r["row_id"], "without": name, "error_pct": r.get("error_pct", "")}
+            for name, rs in off.items()
+            for r in sorted(rs, key=lambda r: r["row_id"])
+        ]
+        write_csv(ABLATION_CSV, rows)
+    return ablation_table(base, off)
 
 
 if __name__ == "__main__":

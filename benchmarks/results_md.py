@@ -11,11 +11,14 @@ from typing import Any
 BEGIN, END = "<!-- tables:begin -->", "<!-- tables:end -->"
 
 
-def write_block(path: Path, block: str) -> None:
-    old = path.read_text(encoding="utf-8") if path.exists() else f"{BEGIN}\n{END}\n"
-    head, _, rest = old.partition(BEGIN)
-    _, _, tail = rest.partition(END)
-    path.write_text(f"{head}{BEGIN}\n{block}{END}{tail}", encoding="utf-8")
+def write_block(path: Path, block: str, begin: str = BEGIN, end: str = END) -> None:
+    """`block` between the page's `begin` and `end` markers (appended where it has none)."""
+    old = path.read_text(encoding="utf-8") if path.exists() else ""
+    if begin not in old:
+        old += f"\n{begin}\n{end}\n"
+    head, _, rest = old.partition(begin)
+    _, _, tail = rest.partition(end)
+    path.write_text(f"{head}{begin}\n{block}{end}{tail}", encoding="utf-8")
 
 
 def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:

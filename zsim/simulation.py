@@ -12,7 +12,7 @@ from zsim.cluster.calibrated import apply_profile
 from zsim.cluster.device import DeviceProfile
 from zsim.cluster.fabric import Backend
 from zsim.cluster.grid import RankGrid
-from zsim.cluster.topology import Topology
+from zsim.cluster.topology import Topology, without_nccl_effects
 from zsim.errors import require
 from zsim.memory import MemoryLedger, overflow_bytes, peak_ledger
 from zsim.network.communicator import Communicator
@@ -21,6 +21,7 @@ from zsim.step.engine import Engine
 from zsim.step.fixed_tp import tp_fixed_time
 from zsim.step.spans import EngineResult, FusedPass, Span
 from zsim.step.trace import RankTimes, rank_times
+from zsim.workload.mechanisms import Mechanism
 from zsim.workload.model import ModelSpec
 from zsim.workload.parallel import ParallelConfig, Recompute
 from zsim.workload.shapes import forward_flops
@@ -138,6 +139,11 @@ def simulate(
     )
     slow = dict(stragglers or {})
     check_stragglers(slow, parallel.world_size, full)
+    topology = without_nccl_effects(
+        topology,
+        protocols=not parallel.models(Mechanism.NCCL_PROTOCOLS),
+        nvlink_rate=not parallel.models(Mechanism.NVLINK_NCCL_RATE),
+    )
     topology = apply_profile(topology, device)  # a calibrated profile's links and call latency
     grid = RankGrid(dp=parallel.dp, pp=parallel.pp, tp=parallel.tp)
     gloo = topology.fabric.backend is Backend.GLOO

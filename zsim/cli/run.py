@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from zsim.memory import peak_ledger
 from zsim.outputs import render
 from zsim.simulation import simulate
 from zsim.step.trace import chrome_trace
+from zsim.workload.mechanisms import MECHANISMS, parse_mechanisms
 from zsim.workload.model import ModelKind, ModelSpec
 from zsim.workload.model_presets import PRESETS
 from zsim.workload.parallel import ParallelConfig, ZeroStage, with_stage
@@ -208,6 +210,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if dp is None:
         raise InputError("tp x pp", tp * pp, f"a divisor of the {world} GPUs of {topology.name}")
     cfg, notes = _parallel_from(args, model, dp=dp)
+    without = parse_mechanisms(args.without, "without")
+    if without:
+        cfg = replace(cfg, without=without)
+        notes.append("switched off (an ablation): " + ", ".join(sorted(without)))
     check_layout(model, cfg)
     if cfg.world_size != world:
         raise InputError(
@@ -285,6 +291,12 @@ def add_commands(sub: Any) -> None:
         action="append",
         metavar="RANK:FACTOR",
         help="with --full: this rank's kernels run FACTOR x slower (repeatable), e.g. 3:1.2",
+    )
+    run.add_argument(
+        "--without",
+        metavar="NAME[,NAME]",
+        help="switch modelled mechanisms off to see what each costs (an ablation): "
+        + ", ".join(MECHANISMS),
     )
     run.add_argument("--json", action="store_true", help="machine-readable output")
     run.add_argument("--trace", type=Path, help="write a Chrome/Perfetto trace JSON")

@@ -20,7 +20,7 @@ built when first asked for: the simulator needs only the arrays.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, TypeVar
 
@@ -298,6 +298,23 @@ def build_topology(name: str, fabric: FabricSpec, nodes: int, gpus_per_node: int
         p2p_call_latency_s=None,
         local_work=fabric.local_work,
     )
+
+
+def without_nccl_effects(topo: Topology, protocols: bool, nvlink_rate: bool) -> Topology:
+    """`topo` with NCCL's protocol model (`protocols`) and its NVLink rate (`nvlink_rate`)
+    switched off where asked: an ablation (zsim.workload.mechanisms)."""
+    fabric = topo.fabric
+    if protocols:
+        fabric = replace(fabric, protocol="ideal")
+    if nvlink_rate and fabric.nvlinks_per_gpu is not None:
+        fabric = replace(fabric, nvlinks_per_gpu=None)
+        return replace(
+            build_topology(topo.name, fabric, topo.nodes, topo.gpus_per_node),
+            call_latency_s=topo.call_latency_s,
+            p2p_call_latency_s=topo.p2p_call_latency_s,
+            local_work=topo.local_work,
+        )
+    return topo if fabric is topo.fabric else replace(topo, fabric=fabric, memo={})  # plans differ
 
 
 def check_size(name: str, gpus: int) -> None:

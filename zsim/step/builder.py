@@ -27,6 +27,7 @@ from zsim.step.pipeline import (
 from zsim.step.program import Category, Comm, Program, ProgramWriter, Task
 from zsim.step.zero3 import ParameterGathers
 from zsim.step.zero_reduce import GradientReducer
+from zsim.workload.mechanisms import Mechanism
 from zsim.workload.model import ModelSpec
 from zsim.workload.parallel import ParallelConfig, PipelineEngine, ZeroStage
 
@@ -69,7 +70,13 @@ class _Passes:
                 done = [task]
         if hooks:
             self.reducer.flush()  # the backward epilogue reduces what is left in the bucket
-        if hooks and cfg.overlap_comm and cfg.pp == 1 and not self.job.gloo:
+        if (
+            hooks
+            and cfg.overlap_comm
+            and cfg.pp == 1
+            and not self.job.gloo
+            and cfg.models(Mechanism.EPILOGUE_WAIT)
+        ):
             # ... and DeepSpeed's engine waits for every reduction before the host issues more
             # (stage3.py `independent_gradient_partition_epilogue`: the reduction stream's
             # synchronize(); stage_1_and_2.py: synchronize() with overlap_comm). Pipelines

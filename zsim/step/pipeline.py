@@ -16,6 +16,7 @@ from enum import StrEnum
 from zsim.network.collective import CollectiveOp
 from zsim.step.job import StageJob
 from zsim.step.program import Category, Comm, Group, ProgramWriter, Stream, Task
+from zsim.workload.mechanisms import Mechanism
 from zsim.workload.parallel import (
     ParallelConfig,
     PipelineEngine,
@@ -145,15 +146,21 @@ def deepspeed_schedule(job: StageJob, writer: ProgramWriter, run_pass: RunPass) 
     act, s = job.activation_bytes(), job.stage
     ready: dict[str, Task] = {}
     cursor: list[Task] = []
+    blocking = job.cfg.models(Mechanism.BLOCKING_P2P)  # off: sends run beside compute
+
+    def send(tag: str, peer: int) -> list[Task]:
+        task = writer.send(tag, act, peer, cursor, Stream.COMPUTE if blocking else Stream.P2P)
+        return [task] if blocking else cursor
+
     for command, mb in deepspeed_train_commands(job.cfg.pp, job.cfg.grad_accum, s):
         if command is PipeCommand.RECV_ACTIVATION:
             cursor = [*cursor, writer.recv(f"act{mb}v{s}", act, -1)]
         elif command is PipeCommand.RECV_GRAD:
             cursor = [*cursor, writer.recv(f"grad{mb}v{s}", act, +1)]
         elif command is PipeCommand.SEND_ACTIVATION:
-            cursor = [writer.send(f"act{mb}v{s + 1}", act, +1, cursor, Stream.COMPUTE)]
+            cursor = send(f"act{mb}v{s + 1}", +1)
         elif command is PipeCommand.SEND_GRAD:
-            cursor = [writer.send(f"grad{mb}v{s - 1}", act, -1, cursor, Stream.COMPUTE)]
+            cursor = send(f"grad{mb}v{s - 1}", -1)
         else:
             work = Work(command is PipeCommand.FORWARD, mb, 0)
             tag = _tag(work)
@@ -171,6 +178,7 @@ def accumulates_in_fp32(cfg: ParallelConfig) -> bool:
         cfg.pp > 1
         and cfg.pipeline_engine is PipelineEngine.DEEPSPEED
         and cfg.precision is Precision.BF16
+        and cfg.models(Mechanism.FP32_GRAD_ACCUMULATE)
     )
 
 

@@ -21,7 +21,8 @@ from zsim.network.collective import CollectiveOp
 class Stream(StrEnum):
     COMPUTE = "compute"
     REDUCE = "reduce"  # DeepSpeed's reduction stream (overlap_comm)
-    GATHER = "gather"  # ZeRO-3 parameter all-gathers (prefetch)
+    GATHER = "gather"  # ZeRO-3 parameter all-gathers (prefetch): their NCCL stream
+    ALLGATHER = "allgather"  # DeepSpeed's allgather stream: ZeRO-3's wait() work (copy-out)
     TP = "tp"  # Megatron's async input-gradient all-reduce, overlapped with wgrad
     P2P = "p2p"  # pipeline sends
     PCIE = "pcie"  # offload copies

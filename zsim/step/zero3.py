@@ -29,6 +29,7 @@ from zsim.network.collective import CollectiveOp
 from zsim.step.job import StageJob
 from zsim.step.program import Category, Comm, Group, ProgramWriter, Stream, Task
 from zsim.workload.layout import layer_passes
+from zsim.workload.mechanisms import Mechanism
 from zsim.workload.model import ComputeOp, Layer, ModelSpec, module_of
 from zsim.workload.parallel import ParallelConfig, ZeroKnobs, ZeroStage
 
@@ -44,6 +45,7 @@ class Use:
     span: int  # all its elements: what DeepSpeed's reuse-distance walk counts
     persistent: bool
     forward: bool = True  # a use in the forward (else in the backward, with any replay)
+    tensors: int = 1  # parameters gathered (its non-persistent ones)
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,15 @@ class Gather:
     keys: tuple[Key, ...]
     numel: int
     blocking: bool  # the module's own fetch (the compute waits right away)
+    tensors: int = 1  # parameters in the call
+
+    @property
+    def coalesced(self) -> bool:
+        """More than one parameter: `all_gather_coalesced` gathers into one flat buffer, and
+        the first `wait()` copies each parameter out of it (partition_parameters.py
+        `AllGatherCoalescedHandle.wait`: `torch.cat` of its per-rank pieces); one parameter
+        is gathered into its own buffer and viewed (`_all_gather_sequential`)."""
+        return self.tensors > 1
 
 
 @dataclass
@@ -80,10 +91,10 @@ def replay(trace: Sequence[Use], knobs: ZeroKnobs) -> Replay:
         if use.key not in available:
             available[use.key] = use.numel
             n_available += use.numel
-            out.gathers.append(Gather(j, (use.key,), use.numel, blocking=True))
+            out.gathers.append(Gather(j, (use.key,), use.numel, True, use.tensors))
         budget = min(knobs.prefetch_bucket_size, knobs.max_live_parameters - n_available)
         batch: dict[Key, int] = {}
-        issued = 0
+        issued = tensors = 0
         while head < len(queue) and issued < budget:
             ahead = trace[queue[head]]
             head += 1
@@ -91,10 +102,11 @@ def replay(trace: Sequence[Use], knobs: ZeroKnobs) -> Replay:
             if ahead.key not in available and ahead.key not in batch:
                 batch[ahead.key] = ahead.numel
                 issued += ahead.numel
+                tensors += ahead.tensors
         if batch:
             available.update(batch)
             n_available += issued
-            out.gathers.append(Gather(j, tuple(batch), issued, blocking=False))
+            out.gathers.append(Gather(j, tuple(batch), issued, False, tensors))
         out.peak_available_numel = max(out.peak_available_numel, n_available)
         if _released(trace, j, use.key, knobs.max_reuse_distance, prefetched_for):
             n_available -= available.pop(use.key)
@@ -116,12 +128,14 @@ def _released(
     return True
 
 
-def module_numels(layer: Layer, module: str, cfg: ParallelConfig) -> tuple[int, int]:
-    """(elements to gather, all elements) of a submodule's parameters on one TP rank;
-    parameters of at most stage3_param_persistence_threshold elements stay gathered."""
+def module_numels(layer: Layer, module: str, cfg: ParallelConfig) -> tuple[int, int, int]:
+    """(elements to gather, all elements, parameters to gather) of a submodule's parameters
+    on one TP rank; parameters of at most stage3_param_persistence_threshold elements stay
+    gathered."""
     threshold = cfg.knobs.param_persistence_threshold
     sizes = [t.per_rank(cfg.tp) for t in layer.tensors if module_of(t) == module]
-    return sum(n for n in sizes if n > threshold), sum(sizes)
+    gathered = [n for n in sizes if n > threshold]
+    return sum(gathered), sum(sizes), len(gathered)
 
 
 def module_trace(model: ModelSpec, cfg: ParallelConfig, layers: Sequence[Layer]) -> list[Use]:
@@ -134,13 +148,13 @@ def module_trace(model: ModelSpec, cfg: ParallelConfig, layers: Sequence[Layer])
             shape = (layer.kind, *((t.name, t.per_rank(cfg.tp)) for t in layer.tensors))
             if shape not in found:  # alike layers (a model's blocks) use their modules alike
                 found[shape] = _module_runs(model, cfg, layer)
-            for module, gathered, total in found[shape][0 if forward else 1]:
+            for module, gathered, total, tensors in found[shape][0 if forward else 1]:
                 key = (layer.name, module)
-                trace.append(Use(key, gathered, total, not gathered, forward))
+                trace.append(Use(key, gathered, total, not gathered, forward, tensors))
     return trace
 
 
-_Run = tuple[str, int, int]  # (module, elements to gather, all elements)
+_Run = tuple[str, int, int, int]  # (module, elements to gather, all elements, tensors)
 
 
 def _module_runs(
@@ -154,9 +168,9 @@ def _module_runs(
         previous: str | None = None
         for op in ops:
             for module in op.modules:
-                gathered, total = module_numels(layer, module, cfg)
+                gathered, total, tensors = module_numels(layer, module, cfg)
                 if total and module != previous:
-                    runs.append((module, gathered, total))
+                    runs.append((module, gathered, total, tensors))
                     previous = module
         sides.append(runs)
     return sides[0], sides[1]
@@ -177,6 +191,9 @@ class ParameterGathers:
         self._trace: list[Use] = []
         self._micro_steps = 0
         self._quantized: dict[int, float] = {}  # a quantized gather -> elements it gathers
+        self._coalesced: dict[int, int] = {}  # a coalesced gather -> elements it copies out
+        self._waited: dict[int, Task] = {}  # a gather -> what its first wait() ends with
+        self._copies: list[Task] = []  # the allgather stream's last copy-out
 
     def start(self, layers: Sequence[Layer]) -> None:
         """Replay DeepSpeed's coordinator over this micro-step (forward + backward)."""
@@ -190,8 +207,9 @@ class ParameterGathers:
         self._micro_steps += 1
 
     def use(self, layer: Layer, op: ComputeOp, last: list[Task], tag: str) -> list[Task]:
-        """At a module's first op: issue the gathers DeepSpeed issues there (its blocking
-        fetch, then one prefetch bucket) and wait for this module's parameters."""
+        """At a module's first op, as `fetch_sub_module` does: issue its blocking fetch, wait
+        for its parameters (the handle's first wait copies a coalesced gather out), then
+        issue one prefetch bucket."""
         cfg = self.job.cfg
         if cfg.zero_stage is not ZeroStage.PARAMETERS or not op.modules:
             return []
@@ -201,16 +219,53 @@ class ParameterGathers:
             if key == self._current or not module_numels(layer, module, cfg)[1]:
                 continue
             self._current = key
-            for g in self._at.pop(self._position, []):
-                task = self._issue(g, last if g.blocking else [*last, *self._blocking], tag)
-                self._blocking = [task] if g.blocking else []
-                for k in g.keys:
-                    self._inflight[k] = task
-            self._position += 1
+            issued = self._at.pop(self._position, [])
+            for g in (g for g in issued if g.blocking):
+                self._blocking = [self._issue_into_flight(g, last, tag)]
             if key in self._inflight:
-                waits.append(self._dequantized(self._inflight.pop(key), tag))
-        self._blocking = []
+                waits.append(self._ready(self._inflight.pop(key), tag))
+            for g in (g for g in issued if not g.blocking):
+                self._issue_into_flight(g, [*last, *self._blocking], tag)
+            self._blocking = []
+            self._position += 1
         return waits
+
+    def _issue_into_flight(self, g: Gather, deps: list[Task], tag: str) -> Task:
+        """Issue `g` from the allgather stream: its NCCL stream first waits for the work
+        enqueued there before (ProcessGroupNCCL syncs with the current stream)."""
+        task = self._issue(g, [*deps, *self._copies], tag)
+        for k in g.keys:
+            self._inflight[k] = task
+        if g.coalesced:
+            self._coalesced[id(task)] = g.numel
+        return task
+
+    def _ready(self, gather: Task, tag: str) -> Task:
+        """What a module waits for: the gather's handle once its first `wait()` is done
+        (later waits on the handle return at once), which dequantizes a quantized gather and
+        copies a coalesced one out into its parameters."""
+        done = self._waited.get(id(gather))
+        if done is None:
+            done = self._copied_out(gather, self._dequantized(gather, tag), tag)
+            self._waited[id(gather)] = done
+        return done
+
+    def _copied_out(self, gather: Task, done: Task, tag: str) -> Task:
+        """`AllGatherCoalescedHandle.wait` builds each parameter with `torch.cat` of its
+        pieces from the flat buffer: a copy of every gathered element, on the allgather
+        stream where the coordinator waits (partitioned_param_coordinator.py:400-406), which
+        NCCL's own stream (the gathers) does not wait for, but the next gather issued does;
+        on gloo the host's own copy, which blocks it."""
+        elements = self._coalesced.pop(id(gather), None)
+        if elements is None or not self.job.cfg.models(Mechanism.GATHER_COPY_OUT):
+            return done
+        seconds = self.job.device.copy_time_s(elements * self.job.element_bytes, self.job.dtype)
+        stream = Stream.COMPUTE if self.job.gloo else Stream.ALLGATHER
+        copy = self.writer.compute(
+            f"{tag}.gather_copy_out", seconds, Category.PARAM_GATHER, [done], stream
+        )
+        self._copies = [copy]  # the NCCL stream of a later gather waits for it (issued after)
+        return copy
 
     def _issue(self, g: Gather, deps: list[Task], tag: str) -> Task:
         """One all-gather call: on the data-parallel group, or with ZeRO++'s hpZ on the

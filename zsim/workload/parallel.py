@@ -12,6 +12,7 @@ from enum import IntEnum, StrEnum
 from typing import Any
 
 from zsim.errors import InputError, positive_int, require
+from zsim.workload.mechanisms import Mechanism, parse_mechanisms
 
 STAGE0_ALLREDUCE_BUCKET_NUMEL = 500_000_000
 """Elements per all-reduce bucket of DeepSpeed's stage 0 (`MEMORY_OPT_ALLREDUCE_SIZE`,
@@ -133,6 +134,12 @@ class ParallelConfig:
     # DeepSpeed was given a model-parallel unit (Megatron-DeepSpeed always passes one; a plain
     # deepspeed.initialize does not); None: one exactly when tp > 1 or pp > 1
     mpu: bool | None = None
+    # mechanisms switched off (an ablation: zsim.workload.mechanisms); none in a real job
+    without: frozenset[Mechanism] = frozenset()
+
+    def models(self, mechanism: Mechanism) -> bool:
+        """Whether `mechanism` is modelled (not switched off by `without`)."""
+        return mechanism not in self.without
 
     @property
     def one_dp_group(self) -> bool:
@@ -140,11 +147,14 @@ class ParallelConfig:
         an mpu both use its data-parallel group; without one, parameters are gathered on
         WORLD and gradients reduced on the engine's clone of it, two communicators
         (deepspeed 0.19: partition_parameters.Init, utils/groups._clone_world_group)."""
+        if not self.models(Mechanism.ONE_PROCESS_GROUP):
+            return False
         return self.mpu if self.mpu is not None else (self.tp > 1 or self.pp > 1)
 
     def __post_init__(self) -> None:
         for name, kind in _ENUM_FIELDS.items():  # accept "full", 3, ... from Python callers
             object.__setattr__(self, name, _as_enum(name, getattr(self, name), kind))
+        object.__setattr__(self, "without", parse_mechanisms(self.without))
         for name in ("dp", "tp", "pp", "micro_batch", "grad_accum", "virtual_stages"):
             positive_int(name, getattr(self, name))
         require(

@@ -1,0 +1,90 @@
+"""Mechanisms switched off one at a time (`zsim.workload.mechanisms`, `zsim run --without`):
+each one's cost against what its source says it does, worked by hand where it can be."""
+
+from dataclasses import replace
+
+import pytest
+
+from tests.golden.scenarios import CAL
+from zsim.calibrate.profile import load_profile
+from zsim.errors import InputError
+from zsim.inputs import presets
+from zsim.simulation import simulate
+from zsim.workload.mechanisms import MECHANISMS, Mechanism, parse_mechanisms
+from zsim.workload.model import ModelKind, ModelSpec
+from zsim.workload.model_presets import preset
+from zsim.workload.parallel import ParallelConfig
+
+MLP = ModelSpec("toy-mlp", ModelKind.MLP, layers=8, hidden=1024)
+
+
+def _step(model, cfg, topology, device, *without: Mechanism) -> float:
+    cfg = replace(cfg, without=frozenset(without))
+    return simulate(model, cfg, presets.topology(topology), device).step_time_s
+
+
+def test_zero3_copies_a_coalesced_gather_out():
+    # The seeds' 8 x Linear(1024) on 2 CPU ranks, ZeRO-3 defaults: biases (1,024 elements)
+    # are persistent (< 1e5), each weight is 1,048,576 elements. DeepSpeed's coordinator
+    # fetches fc0 alone (one parameter: `_all_gather_sequential`, a view), then prefetches
+    # the other seven weights in one call (7.3M < the 5e7-element bucket): a coalesced
+    # gather, whose first wait() torch.cats each weight out of the flat buffer. The backward
+    # gathers nothing (everything is within the 1e9 reuse distance). On gloo the copy is the
+    # main thread's: the step pays exactly one copy of 7 x 1024^2 fp32 elements.
+    device = load_profile(CAL / "cpu-2rank.json")
+    cfg = ParallelConfig(dp=2, zero_stage=3, micro_batch=4, precision="fp32")
+    with_copy = _step(MLP, cfg, "1x2-cpu", device)
+    without = _step(MLP, cfg, "1x2-cpu", device, Mechanism.GATHER_COPY_OUT)
+    copy = device.copy_time_s(7 * 1024**2 * 4, "fp32")
+    assert with_copy - without == pytest.approx(copy, rel=1e-6)
+
+
+def test_on_nccl_the_copy_runs_beside_the_gathers():
+    # on the allgather stream, which NCCL's stream does not wait for: at most the copies'
+    # own time is added (gpt-1.3b prefetches 4-5 weights per call: 1.35B elements copied)
+    device = presets.gpu("a100-80gb")
+    cfg = ParallelConfig(dp=8, zero_stage=3, micro_batch=4)
+    model = preset("gpt-1.3b")
+    with_copy = _step(model, cfg, "2x4-ethernet", device)
+    without = _step(model, cfg, "2x4-ethernet", device, Mechanism.GATHER_COPY_OUT)
+    assert 0 < with_copy - without <= device.copy_time_s(1.4e9 * 2, "fp16")
+
+
+def test_deepspeeds_pipeline_sends_block_its_loop():
+    # PipelineEngine's SendActivation / SendGrad are blocking dist.send calls (pipe/p2p.py);
+    # beside compute, as Megatron runs them, the step cannot be longer. In its lock-step
+    # TrainSchedule every step exchanges first, so where the stages are alike each compute
+    # waits for a receive as long as its own send: blocking then costs nothing
+    device = presets.gpu("a100-80gb")
+    cfg = ParallelConfig(dp=2, pp=4, micro_batch=2, grad_accum=8, precision="bf16")
+    model = preset("gpt-1.3b")
+    blocking = _step(model, cfg, "1x8-dgx-a100", device)
+    beside = _step(model, cfg, "1x8-dgx-a100", device, Mechanism.BLOCKING_P2P)
+    assert beside <= blocking
+    # BF16_Optimizer's fp32 accumulation: 10 bytes per stage parameter per micro-batch, read 2
+    # + 4 and write 4 (counted as a copy of 5): never free
+    no_accumulate = _step(model, cfg, "1x8-dgx-a100", device, Mechanism.FP32_GRAD_ACCUMULATE)
+    assert no_accumulate < blocking
+
+
+def test_nccl_mechanisms_act_on_the_cluster():
+    device = presets.gpu("a100-80gb")
+    cfg = ParallelConfig(tp=8, micro_batch=4)
+    model = preset("gpt-1.3b")
+    nccl = _step(model, cfg, "1x8-dgx-a100", device)
+    line_rate = _step(model, cfg, "1x8-dgx-a100", device, Mechanism.NVLINK_NCCL_RATE)
+    ideal = _step(model, cfg, "1x8-dgx-a100", device, Mechanism.NCCL_PROTOCOLS)
+    assert line_rate < nccl  # 300 GB/s instead of 240 for the TP all-reduces
+    assert ideal < nccl  # no Simple/LL128 latency beyond the routes' LL hops
+
+
+def test_names_are_checked():
+    assert parse_mechanisms("epilogue-wait, blocking-p2p") == {
+        Mechanism.EPILOGUE_WAIT,
+        Mechanism.BLOCKING_P2P,
+    }
+    assert set(MECHANISMS) == set(Mechanism)
+    with pytest.raises(InputError, match="one of nccl-protocols"):
+        parse_mechanisms("fast-mode")
+    with pytest.raises(InputError):
+        ParallelConfig(without=frozenset({"fast-mode"}))

@@ -1,0 +1,55 @@
+"""The mechanisms zsim models beyond the textbook step, by name, so that each can be switched
+off (`zsim run --without NAME`, the accuracy benchmark's ablation): what one is worth is the
+step time with and without it. Each is taken from a framework's source, cited where it acts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from enum import StrEnum
+
+from zsim.errors import require
+
+
+class Mechanism(StrEnum):
+    NCCL_PROTOCOLS = "nccl-protocols"
+    NVLINK_NCCL_RATE = "nvlink-nccl-rate"
+    ONE_PROCESS_GROUP = "one-process-group"
+    EPILOGUE_WAIT = "epilogue-wait"
+    BLOCKING_P2P = "blocking-p2p"
+    FP32_GRAD_ACCUMULATE = "fp32-grad-accumulate"
+    GATHER_COPY_OUT = "gather-copy-out"
+
+
+MECHANISMS: dict[Mechanism, str] = {
+    Mechanism.NCCL_PROTOCOLS: "NCCL's LL / LL128 / Simple latencies and wire bytes by its tuner "
+    "(off: the routes' latencies and bandwidths only)",
+    Mechanism.NVLINK_NCCL_RATE: "NVLink at NCCL's per-link rate, src/graph/topo.h (off: the line "
+    "rate)",
+    Mechanism.ONE_PROCESS_GROUP: "ZeRO-3's gathers and reduce-scatters on one NCCL stream when "
+    "DeepSpeed has an mpu (off: two communicators)",
+    Mechanism.EPILOGUE_WAIT: "DeepSpeed's backward epilogue waits for its reductions with "
+    "overlap_comm (off: the next micro-step runs on)",
+    Mechanism.BLOCKING_P2P: "DeepSpeed PipelineEngine's sends block its training loop (off: "
+    "they run beside compute, as Megatron's)",
+    Mechanism.FP32_GRAD_ACCUMULATE: "BF16_Optimizer's per-micro-batch fp32 gradient "
+    "accumulation pass with DeepSpeed's pipeline (off: none)",
+    Mechanism.GATHER_COPY_OUT: "ZeRO-3's copy of a coalesced gather into its parameters "
+    "(torch.cat on the gather stream; off: views)",
+}
+
+
+def parse_mechanisms(
+    names: Iterable[str] | str | None, field: str = "without"
+) -> frozenset[Mechanism]:
+    """Mechanism names (a comma list or an iterable) as a set; an unknown name is an error."""
+    if names is None:
+        return frozenset()
+    items = names.split(",") if isinstance(names, str) else list(names)
+    out: set[Mechanism] = set()
+    for name in (str(n).strip() for n in items):
+        if not name:
+            continue
+        require(name in MECHANISMS, field, name, "one of " + ", ".join(MECHANISMS))
+        out.add(Mechanism(name))
+    return frozenset(out)
