@@ -10,12 +10,15 @@ import re
 import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from zsim.errors import InputError
 from zsim.workload.model import ModelSpec
 from zsim.workload.model_presets import preset, with_overrides
 from zsim.workload.parallel import (
+    DpEngine,
     ParallelConfig,
+    PipelineEngine,
     PipelineSchedule,
     Precision,
     Recompute,
@@ -35,8 +38,6 @@ FILES = {
     "fsdp": "runs_fsdp.csv",
     "zero": "runs_zero_deepspeed.csv",
 }
-# Megatron-Core's default gradient bucket (DistributedDataParallelConfig.bucket_size)
-MCORE_BUCKET = 40_000_000
 
 
 class Skip(Exception):
@@ -318,6 +319,31 @@ def block_params(model: ModelSpec, tp: int) -> int:
     return next(x.params(tp) for x in model.layer_list() if str(x.kind) == "block")
 
 
+def _engines(
+    fw: str, stage: ZeroStage, model: ModelSpec, tp: int, assumed: list[str]
+) -> dict[str, Any]:
+    """The frameworks' engines and knobs as ParallelConfig fields."""
+    knobs, mcore = ZeroKnobs(), fw == "mcore" and stage <= ZeroStage.OPTIMIZER
+    if mcore:  # Megatron-Core's DDP: --overlap-grad-reduce, with the distributed optimizer
+        knobs = ZeroKnobs(overlap_comm=True)  # --overlap-param-gather too (the READMEs' runs)
+        assumed.append("--overlap-grad-reduce --overlap-param-gather")
+    if fw in ("mpt", "torchtitan") and stage >= ZeroStage.GRADIENTS:
+        unit = block_params(model, tp)  # FSDP wraps each block: gather / reduce per block
+        knobs = ZeroKnobs(reduce_bucket_size=unit, prefetch_bucket_size=unit, overlap_comm=True)
+    megatron = fw in ("megatron", "mcore")
+    return {
+        "knobs": knobs,
+        # Megatron's own schedules for Megatron-LM and Megatron-Core/NeMo runs; BLOOM ran
+        # Megatron-DeepSpeed, whose pipeline is DeepSpeed's PipelineEngine
+        "pipeline_engine": PipelineEngine.MEGATRON if megatron else PipelineEngine.DEEPSPEED,
+        "dp_engine": DpEngine.MEGATRON if mcore else DpEngine.DEEPSPEED,
+        "overlap_param_gather": mcore and stage is ZeroStage.OPTIMIZER,
+        # every source's sharded DP gathers and reduces on one process group: Megatron-
+        # DeepSpeed passes its mpu, FSDP shards over one group
+        "mpu": True,
+    }
+
+
 def map_row(row: dict[str, str], file: str) -> Case:
     fw = framework(row)
     assumed: list[str] = []
@@ -329,12 +355,7 @@ def map_row(row: dict[str, str], file: str) -> Case:
     if model.layers % (pp * vpp):  # zsim splits them as DeepSpeed's partition_uniform
         notes.append(f"{model.layers} layers over pp*v={pp * vpp}: the first stages one more")
     stage = zero_stage(row, fw, assumed)
-    knobs = ZeroKnobs()
-    if fw == "mcore":
-        knobs = ZeroKnobs(reduce_bucket_size=MCORE_BUCKET, overlap_comm=True)
-    if fw in ("mpt", "torchtitan") and stage >= ZeroStage.GRADIENTS:
-        unit = block_params(model, tp)  # FSDP wraps each block: gather / reduce per block
-        knobs = ZeroKnobs(reduce_bucket_size=unit, prefetch_bucket_size=unit, overlap_comm=True)
+    engines = _engines(fw, stage, model, tp, assumed)
     seq_par = text(row, "sequence_parallel") in ("yes", "true", "1")
     if fw == "mcore" and tp > 1 and not row.get("sequence_parallel"):
         seq_par = True
@@ -353,10 +374,7 @@ def map_row(row: dict[str, str], file: str) -> Case:
             pp_schedule=PipelineSchedule.INTERLEAVED if vpp > 1 else PipelineSchedule.ONE_F_ONE_B,
             virtual_stages=vpp,
             flash_attention=flash(fw),
-            knobs=knobs,
-            # every source's sharded DP gathers and reduces on one process group: Megatron-
-            # DeepSpeed passes its mpu, FSDP shards over one group
-            mpu=True,
+            **engines,
         )
     except InputError as exc:
         raise Skip(f"zsim refuses the layout: {exc}") from None

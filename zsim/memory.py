@@ -21,6 +21,7 @@ from zsim.workload.layout import rank_layers, stage_layers
 from zsim.workload.model import Layer, LayerKind, ModelKind, ModelSpec
 from zsim.workload.parallel import (
     STAGE0_ALLREDUCE_BUCKET_NUMEL,
+    DpEngine,
     Offload,
     ParallelConfig,
     PipelineSchedule,
@@ -108,6 +109,8 @@ def model_state_bytes(params: float, cfg: ParallelConfig) -> tuple[float, float,
     stage = cfg.zero_stage
     p = params * per.parameters / (nd if stage >= ZeroStage.PARAMETERS else 1)
     g = params * per.gradients / (nd if stage >= ZeroStage.GRADIENTS else 1)
+    if cfg.dp_engine is DpEngine.MEGATRON and cfg.precision is Precision.BF16:
+        g = params * FP32_BYTES  # Megatron-Core's main_grad buffer: fp32 for bf16 (megatron_dp)
     o = params * per.optimizer / (nd if stage >= ZeroStage.OPTIMIZER else 1)
     if stage is ZeroStage.PARAMETERS and cfg.knobs.hpz_partition_size > 1:
         # ZeRO++'s hpZ: a secondary partition over h ranks, in the parameters' dtype, where

@@ -55,6 +55,17 @@ def _add_parallel_flags(p: argparse.ArgumentParser, stage: bool = True) -> None:
     g.add_argument("--pp-schedule", help="gpipe, 1f1b or interleaved")
     g.add_argument("--pipeline-engine", help="deepspeed (PipelineEngine, default) or megatron")
     g.add_argument("--virtual-stages", metavar="V", help="model chunks per rank (interleaved)")
+    g.add_argument(
+        "--dp-engine",
+        help="deepspeed (its engine and ZeRO, default) or megatron (Megatron-Core's DDP; with "
+        "--stage 1 its distributed optimizer; --overlap-comm is --overlap-grad-reduce)",
+    )
+    g.add_argument(
+        "--overlap-param-gather",
+        action="store_true",
+        default=None,
+        help="Megatron-Core's: the distributed optimizer's gathers in the next forward",
+    )
     k = p.add_argument_group("DeepSpeed knobs (elements, as in ds_config)")
     for knob in (
         "reduce-bucket-size",
@@ -117,6 +128,8 @@ def _parallel_from(
             "pp_schedule",
             "pipeline_engine",
             "virtual_stages",
+            "dp_engine",
+            "overlap_param_gather",
             "reduce_bucket_size",
             "allgather_bucket_size",
             "prefetch_bucket_size",

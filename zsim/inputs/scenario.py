@@ -137,6 +137,7 @@ def build_parallel(
         "offload": par.Offload,
         "pp_schedule": par.PipelineSchedule,
         "pipeline_engine": par.PipelineEngine,
+        "dp_engine": par.DpEngine,
     }
     choices = {k: parse_choice(k, flags.pop(k, None), e) for k, e in enums.items()}
     knob_flags = {k: flags.pop(k) for k in list(flags) if k in _KNOBS and flags[k] is not None}

@@ -16,6 +16,7 @@ from functools import partial
 from zsim.cluster.device import DeviceProfile
 from zsim.step.job import StageJob
 from zsim.step.kernels import LayerKernels
+from zsim.step.megatron_dp import MegatronGradSync, MegatronParamSync
 from zsim.step.optimizer import grad_norm, optimizer_step, post_step_gather
 from zsim.step.pipeline import (
     Work,
@@ -26,10 +27,10 @@ from zsim.step.pipeline import (
 )
 from zsim.step.program import Category, Comm, Program, ProgramWriter, Task
 from zsim.step.zero3 import ParameterGathers
-from zsim.step.zero_reduce import GradientReducer
+from zsim.step.zero_reduce import GradientReducer, Reducer
 from zsim.workload.mechanisms import Mechanism
 from zsim.workload.model import ModelSpec
-from zsim.workload.parallel import ParallelConfig, PipelineEngine, ZeroStage
+from zsim.workload.parallel import DpEngine, ParallelConfig, PipelineEngine, ZeroStage
 
 
 class _Passes:
@@ -41,8 +42,12 @@ class _Passes:
         self.job = job
         self.writer = writer
         self.kernels = LayerKernels(job, tp_time)
-        self.reducer = GradientReducer(job, writer)
+        megatron = job.cfg.dp_engine is DpEngine.MEGATRON
+        self.reducer: Reducer = (
+            MegatronGradSync(job, writer) if megatron else GradientReducer(job, writer)
+        )
         self.gathers = ParameterGathers(job, writer)
+        self.param_sync = MegatronParamSync(job, writer)
         self._previous: list[Task] = []  # the last work's end (ZeRO-3: one stage, in order)
 
     def run(self, work: Work, deps: list[Task], tag: str) -> Task:
@@ -57,10 +62,14 @@ class _Passes:
         hooks = not work.forward and self.reducer.start_backward(boundary)
         order = layers if work.forward else tuple(reversed(layers))
         done = deps
-        if self.kernels.can_fuse and not hooks and not zero3:
+        # the first forward waits for the distributed optimizer's overlapped gathers
+        synced = work.forward and work.micro_batch == 0 and self.param_sync.active
+        if self.kernels.can_fuse and not hooks and not zero3 and not synced:
             done = [self.kernels.fused_pass(writer, work.chunk, order, work.forward, done, tag)]
         else:
             for layer in order:
+                if synced:
+                    done = [*done, *self.param_sync.wait(layer)]
                 gather = partial(self.gathers.use, layer, tag=f"{tag}.{layer.name}")
                 task = self.kernels.layer_pass(
                     writer, layer, work.forward, done, f"{tag}.{layer.name}", gather
@@ -117,7 +126,10 @@ def build_program(
     deps = passes.reducer.boundary_reduce(deps)
     deps = grad_norm(job, writer, deps)
     deps = optimizer_step(job, writer, deps)
-    post_step_gather(job, writer, deps)
+    if cfg.dp_engine is DpEngine.MEGATRON:
+        passes.param_sync.after_step(deps)
+    else:
+        post_step_gather(job, writer, deps)
     return writer.program
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from zsim.network.collective import CollectiveOp
 from zsim.step.job import StageJob
@@ -28,6 +29,16 @@ from zsim.workload.parallel import STAGE0_ALLREDUCE_BUCKET_NUMEL, ZeroStage
 MAX_PARAM_REDUCE_EVENTS = 2
 """ZeRO-3's host throttle: at a flush with more reductions in flight than this, the host waits
 for the oldest (stage3.py `__reduce_and_partition_ipg_grads`, `max_param_reduce_events`)."""
+
+
+class Reducer(Protocol):
+    """What the step asks of a data-parallel gradient reduction (DeepSpeed's, Megatron's)."""
+
+    def start_backward(self, boundary: bool) -> bool: ...
+    def pending(self) -> list[Task]: ...
+    def grads_ready(self, layer: Layer, done: Task) -> Task | None: ...
+    def flush(self, deps: Sequence[Task] = ()) -> None: ...
+    def boundary_reduce(self, deps: list[Task]) -> list[Task]: ...
 
 
 @dataclass

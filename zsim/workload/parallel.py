@@ -73,6 +73,15 @@ class PipelineEngine(StrEnum):
     MEGATRON = "megatron"
 
 
+class DpEngine(StrEnum):
+    """Whose data parallelism reduces the gradients and, with ZeRO-1, shards the optimizer:
+    DeepSpeed's engine and ZeroOptimizer (`zsim.step.zero_reduce`) or Megatron-Core's DDP and
+    distributed optimizer (`zsim.step.megatron_dp`)."""
+
+    DEEPSPEED = "deepspeed"
+    MEGATRON = "megatron"
+
+
 @dataclass(frozen=True)
 class ZeroKnobs:
     """DeepSpeed's zero_optimization knobs that change memory or the communication schedule.
@@ -136,6 +145,9 @@ class ParallelConfig:
     mpu: bool | None = None
     # mechanisms switched off (an ablation: zsim.workload.mechanisms); none in a real job
     without: frozenset[Mechanism] = frozenset()
+    dp_engine: DpEngine = DpEngine.DEEPSPEED
+    # Megatron-Core's --overlap-param-gather (with dp_engine megatron, ZeRO-1, overlap_comm)
+    overlap_param_gather: bool = False
 
     def models(self, mechanism: Mechanism) -> bool:
         """Whether `mechanism` is modelled (not switched off by `without`)."""
@@ -198,12 +210,39 @@ class ParallelConfig:
             "1 unless --pp-schedule interleaved",
         )
         self._check_zero_plus_plus()
+        self._check_megatron_dp()
         require(  # Megatron: "number of microbatches is not divisible by pipeline-parallel size"
             self.pp_schedule is not PipelineSchedule.INTERLEAVED or self.grad_accum % self.pp == 0,
             "grad_accum",
             self.grad_accum,
             f"a multiple of pp={self.pp} (Megatron's interleaved schedule runs micro-batches "
             "in groups of pp)",
+        )
+
+    def _check_megatron_dp(self) -> None:
+        """Megatron-Core's rules: DDP (ZeRO-0) or its distributed optimizer (ZeRO-1), no
+        offload; --overlap-param-gather needs the distributed optimizer and
+        --overlap-grad-reduce (arguments.py)."""
+        if self.dp_engine is DpEngine.DEEPSPEED:
+            require(
+                not self.overlap_param_gather,
+                "overlap_param_gather",
+                True,
+                "only with dp_engine megatron (Megatron-Core's --overlap-param-gather)",
+            )
+            return
+        require(
+            self.zero_stage <= ZeroStage.OPTIMIZER and self.offload is Offload.NONE,
+            "zero_stage",
+            int(self.zero_stage),
+            "0 (DDP) or 1 (--use-distributed-optimizer), without offload, with dp_engine megatron",
+        )
+        require(
+            not self.overlap_param_gather
+            or (self.zero_stage is ZeroStage.OPTIMIZER and self.overlap_comm),
+            "overlap_param_gather",
+            True,
+            "ZeRO-1 (the distributed optimizer) with --overlap-comm (--overlap-grad-reduce)",
         )
 
     def _check_zero_plus_plus(self) -> None:
@@ -256,6 +295,7 @@ _ENUM_FIELDS: dict[str, type[Any]] = {
     "offload": Offload,
     "pp_schedule": PipelineSchedule,
     "pipeline_engine": PipelineEngine,
+    "dp_engine": DpEngine,
 }
 
 
