@@ -326,7 +326,7 @@ def _engines(
     knobs, mcore = ZeroKnobs(), fw == "mcore" and stage <= ZeroStage.OPTIMIZER
     if mcore:  # Megatron-Core's DDP: --overlap-grad-reduce, with the distributed optimizer
         knobs = ZeroKnobs(overlap_comm=True)  # --overlap-param-gather too (the READMEs' runs)
-        assumed.append("--overlap-grad-reduce --overlap-param-gather")
+        assumed.append("--overlap-grad-reduce --overlap-param-gather --tp-comm-overlap")
     if fw in ("mpt", "torchtitan") and stage >= ZeroStage.GRADIENTS:
         unit = block_params(model, tp)  # FSDP wraps each block: gather / reduce per block
         knobs = ZeroKnobs(reduce_bucket_size=unit, prefetch_bucket_size=unit, overlap_comm=True)
@@ -338,6 +338,8 @@ def _engines(
         "pipeline_engine": PipelineEngine.MEGATRON if megatron else PipelineEngine.DEEPSPEED,
         "dp_engine": DpEngine.MEGATRON if mcore else DpEngine.DEEPSPEED,
         "overlap_param_gather": mcore and stage is ZeroStage.OPTIMIZER,
+        # --tp-comm-overlap (the Megatron-Core READMEs' and NeMo's recipes), with SP only
+        "tp_comm_overlap": mcore and tp > 1,
         # every source's sharded DP gathers and reduces on one process group: Megatron-
         # DeepSpeed passes its mpu, FSDP shards over one group
         "mpu": True,
@@ -360,6 +362,7 @@ def map_row(row: dict[str, str], file: str) -> Case:
     if fw == "mcore" and tp > 1 and not row.get("sequence_parallel"):
         seq_par = True
         assumed.append("sequence parallel")
+    engines["tp_comm_overlap"] &= seq_par
     try:
         parallel = ParallelConfig(
             dp=dp,

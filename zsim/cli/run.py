@@ -55,17 +55,7 @@ def _add_parallel_flags(p: argparse.ArgumentParser, stage: bool = True) -> None:
     g.add_argument("--pp-schedule", help="gpipe, 1f1b or interleaved")
     g.add_argument("--pipeline-engine", help="deepspeed (PipelineEngine, default) or megatron")
     g.add_argument("--virtual-stages", metavar="V", help="model chunks per rank (interleaved)")
-    g.add_argument(
-        "--dp-engine",
-        help="deepspeed (its engine and ZeRO, default) or megatron (Megatron-Core's DDP; with "
-        "--stage 1 its distributed optimizer; --overlap-comm is --overlap-grad-reduce)",
-    )
-    g.add_argument(
-        "--overlap-param-gather",
-        action="store_true",
-        default=None,
-        help="Megatron-Core's: the distributed optimizer's gathers in the next forward",
-    )
+    _add_megatron_flags(g)
     k = p.add_argument_group("DeepSpeed knobs (elements, as in ds_config)")
     for knob in (
         "reduce-bucket-size",
@@ -90,6 +80,28 @@ def _add_parallel_flags(p: argparse.ArgumentParser, stage: bool = True) -> None:
         action="store_true",
         default=None,
         help="qwZ: parameter all-gathers in int8 with fp32 scales",
+    )
+
+
+def _add_megatron_flags(g: Any) -> None:
+    """Megatron-Core's switches zsim models (its DDP and overlaps)."""
+    g.add_argument(
+        "--dp-engine",
+        help="deepspeed (its engine and ZeRO, default) or megatron (Megatron-Core's DDP; with "
+        "--stage 1 its distributed optimizer; --overlap-comm is --overlap-grad-reduce)",
+    )
+    g.add_argument(
+        "--tp-comm-overlap",
+        action="store_true",
+        default=None,
+        help="Megatron-Core's TP collectives beside the GEMMs (TransformerEngine userbuffers; "
+        "needs --sequence-parallel)",
+    )
+    g.add_argument(
+        "--overlap-param-gather",
+        action="store_true",
+        default=None,
+        help="Megatron-Core's: the distributed optimizer's gathers in the next forward",
     )
 
 
@@ -130,6 +142,7 @@ def _parallel_from(
             "virtual_stages",
             "dp_engine",
             "overlap_param_gather",
+            "tp_comm_overlap",
             "reduce_bucket_size",
             "allgather_bucket_size",
             "prefetch_bucket_size",

@@ -8,9 +8,10 @@ and becomes one task per micro-batch (`fused_pass`): the same timing, far fewer 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from zsim.cluster.device import layer_time_key
+from zsim.network.collective import CollectiveOp
 from zsim.step.job import StageJob
 from zsim.step.program import (
     Category,
@@ -23,9 +24,17 @@ from zsim.step.program import (
     Stream,
     Task,
 )
-from zsim.step.tensor_parallel import tp_bytes, tp_points
+from zsim.step.tensor_parallel import (
+    PIPELINE_SPLITS,
+    PIPELINED,
+    RING_EXCHANGED_AFTER,
+    gathered_before,
+    regathered,
+    tp_bytes,
+    tp_points,
+)
 from zsim.workload.layout import layer_passes
-from zsim.workload.model import ComputeOp, Layer
+from zsim.workload.model import ComputeOp, Layer, OpKind
 
 H = TypeVar("H")
 Gather = Callable[[ComputeOp, list[Task]], list[Task]]
@@ -78,39 +87,18 @@ class LayerKernels:
     ) -> H:
         """Compute segments, split at TP communication points and (through `gather`) ZeRO-3
         parameter gathers; `emit` makes tasks, or times a fused pass."""
-        scale = self.measured_scale(layer, forward, ops)
-        points = tp_points(self.job.cfg, forward)
-        segment: list[ComputeOp] = []
-        last = deps
-        overlapped: H | None = None  # a TP all-reduce running beside the next wgrad
-
-        def flush() -> None:
-            nonlocal last, segment
-            if segment:
-                seconds = scale * self.op_seconds(segment)
-                last = [emit.compute(f"{tag}.{segment[0].name}", seconds, category, last)]
-                segment = []
-
+        tp = _TpCollectives(
+            self, emit, forward, category, tag, self.measured_scale(layer, forward, ops)
+        )
+        tp.last = deps
         for op in ops:
-            gathers = gather(op, last) if gather else []
+            gathers = gather(op, tp.last) if gather else []
             if gathers:
-                flush()
-                last = last + gathers
-            segment.append(op)
-            if overlapped is not None and op.name.endswith("_wgrad"):
-                flush()  # Megatron overlaps the input-gradient all-reduce with the wgrad GEMM
-                last, overlapped = [*last, overlapped], None
-            if op.name in points:
-                flush()
-                comm = Comm(points[op.name], tp_bytes(self.job.model, self.job.cfg), Group.TP)
-                name = f"{tag}.tp_{comm.op}"
-                if not forward and op.name.endswith("_dgrad"):
-                    overlapped = emit.comm(name, comm, Category.TP_COMM, last, Stream.TP)
-                else:
-                    last = [emit.comm(name, comm, Category.TP_COMM, last)]
-        flush()
-        if overlapped is not None:
-            last = [*last, overlapped]
+                tp.flush()
+                tp.last = tp.last + gathers
+            tp.add(op)
+        tp.flush()
+        last = [*tp.last, *tp.beside]
         return last[0] if len(last) == 1 else emit.compute(f"{tag}.join", 0.0, category, last)
 
     def layer_pass(
@@ -197,3 +185,96 @@ class LayerKernels:
                 )
             self._templates[key] = (tuple(timer.parts), end)
         return self._templates[key]
+
+
+class _TpCollectives(Generic[H]):
+    """A pass's kernels as segments between Megatron's TP collectives (`tensor_parallel`):
+    the collectives on the compute stream, or beside the GEMMs that hide them."""
+
+    def __init__(
+        self,
+        kernels: LayerKernels,
+        emit: Emitter[H],
+        forward: bool,
+        category: Category,
+        tag: str,
+        scale: float,
+    ) -> None:
+        cfg = kernels.job.cfg
+        self.kernels, self.emit, self.forward, self.category = kernels, emit, forward, category
+        self.tag, self.scale, self.tp = tag, scale, cfg.tp
+        self.points = tp_points(cfg, forward)
+        self.regathered = regathered(cfg, forward)
+        self.gathered_before = gathered_before(cfg, forward)
+        self.overlap = cfg.tp_comm_overlap
+        self.nbytes = tp_bytes(kernels.job.model, cfg)
+        self.segment: list[ComputeOp] = []
+        self.last: list[H] = []
+        self.beside: list[H] = []  # collectives beside the next wgrad GEMM (bulk)
+        self.needed: list[H] = []  # the re-gathered input the next wgrad GEMM waits for
+        self.ring: H | None = None  # a gather the next GEMM is ring-exchanged with
+
+    def flush(self) -> None:
+        if self.segment:
+            seconds = self.scale * self.kernels.op_seconds(self.segment)
+            name = f"{self.tag}.{self.segment[0].name}"
+            self.last = [self.emit.compute(name, seconds, self.category, self.last)]
+            self.segment = []
+
+    def _gemm(self, op: ComputeOp, share: float, deps: list[H], part: str) -> H:
+        seconds = share * self.scale * self.kernels.op_seconds([op])
+        return self.emit.compute(f"{self.tag}.{op.name}{part}", seconds, self.category, deps)
+
+    def _comm(self, op: CollectiveOp, share: float, deps: list[H], stream: Stream) -> H:
+        comm = Comm(op, share * self.nbytes, Group.TP)
+        return self.emit.comm(f"{self.tag}.tp_{op}", comm, Category.TP_COMM, deps, stream)
+
+    def add(self, op: ComputeOp) -> None:
+        if op.name in self.gathered_before:
+            self.flush()
+            self.last = [self._comm(CollectiveOp.ALL_GATHER, 1.0, self.last, Stream.COMPUTE)]
+        if op.name in self.regathered:  # the input again, for the wgrad, beside the dgrad
+            self.flush()
+            self.needed.append(self._comm(CollectiveOp.ALL_GATHER, 1.0, self.last, Stream.TP))
+        if self.needed and op.name.endswith("_wgrad"):
+            self.flush()
+            self.last, self.needed = [*self.last, *self.needed], []
+        if self.ring is not None and op.kind is OpKind.GEMM:
+            self.flush()  # all but the last chunk's GEMM beside the ring's exchanges
+            first = self._gemm(op, (self.tp - 1) / self.tp, self.last, "")
+            self.last = [self._gemm(op, 1 / self.tp, [first, self.ring], ".last_chunk")]
+            self.ring = None
+            self._after(op)
+            return
+        if self.overlap and self.forward and op.name in PIPELINED:
+            self.flush()
+            self._pipelined(op)
+            return
+        self.segment.append(op)
+        if self.beside and op.name.endswith("_wgrad"):
+            self.flush()  # Megatron overlaps the input-gradient reduce with the wgrad GEMM
+            self.last, self.beside = [*self.last, *self.beside], []
+        self._after(op)
+
+    def _after(self, op: ComputeOp) -> None:
+        """The collective Megatron issues after `op`, if any."""
+        kind = self.points.get(op.name)
+        if kind is None:
+            return
+        self.flush()
+        if self.overlap and op.name in RING_EXCHANGED_AFTER:
+            self.ring = self._comm(kind, 1.0, self.last, Stream.TP)
+        elif not self.forward and op.name.endswith("_dgrad"):
+            self.beside.append(self._comm(kind, 1.0, self.last, Stream.TP))
+        else:
+            self.last = [self._comm(kind, 1.0, self.last, Stream.COMPUTE)]
+
+    def _pipelined(self, op: ComputeOp) -> None:
+        """GEMM + reduce-scatter in PIPELINE_SPLITS chunks: each chunk's reduce-scatter runs
+        beside the next chunk's GEMM; the last one's after it."""
+        share = 1 / PIPELINE_SPLITS
+        kind = self.points[op.name]
+        first = self._gemm(op, share, self.last, ".chunk0")
+        rest = self._gemm(op, 1 - share, [first], ".chunks")
+        early = self._comm(kind, 1 - share, [first], Stream.TP)
+        self.last = [self._comm(kind, share, [rest, early], Stream.TP)]

@@ -4,7 +4,20 @@ Forward: row-parallel outputs (proj, fc2) are all-reduced (reduce-scattered with
 parallelism), the vocab-parallel embedding output too. Backward: the input gradients of
 column-parallel GEMMs (qkv, fc1, logits) are all-reduced, overlapped with the weight-gradient
 GEMM that follows. With sequence parallelism the inputs of column-parallel GEMMs are
-all-gathered first (Korthikanti et al. 2022, section 4.2.2).
+all-gathered first (Korthikanti et al. 2022, section 4.2.2), and gathered again in the
+backward for the weight gradient, beside the input-gradient GEMM (Megatron-Core
+`LinearWithGradAccumulationAndAsyncCommunication.backward`: an async all-gather, waited for
+after the dgrad GEMM is issued).
+
+With `--tp-comm-overlap` (Megatron-Core on TransformerEngine's userbuffers, sequence parallel
+only) the block's collectives overlap its GEMMs by TE's default methods
+(`transformer_engine/pytorch/module/base.py` `initialize_ub`, NVIDIA/TransformerEngine
+d0067d0): "ring_exchange" for the all-gathers before qkv and fc1 and before the dgrad GEMMs of
+proj and fc2 (tp splits: each chunk's GEMM runs while the next chunk arrives, so the last
+chunk's GEMM waits for the whole gather); "pipeline" for the reduce-scatters after proj and
+fc2 (4 splits: a chunk is reduce-scattered while the next is computed); "bulk" for the
+backward's input gather and dgrad reduce-scatter (beside the other GEMM, as without it).
+Not modelled: the 16 SMs TE's pipeline and bulk kernels take from the GEMMs beside them.
 """
 
 from __future__ import annotations
@@ -41,3 +54,29 @@ def tp_points(cfg: ParallelConfig, forward: bool) -> dict[str, CollectiveOp]:
 def tp_bytes(model: ModelSpec, cfg: ParallelConfig) -> float:
     """Each TP collective's buffer (nccl-tests' size): the whole activation, b s h elements."""
     return float(cfg.micro_batch * model.seq_len * model.hidden * cfg.precision.bytes)
+
+
+RING_EXCHANGED_AFTER = frozenset({"ln1", "ln2", "residual2_bwd", "residual1_bwd"})
+"""All-gather points whose next GEMM (qkv, fc1, fc2_dgrad, proj_dgrad) TE ring-exchanges."""
+
+PIPELINED = frozenset({"proj", "fc2"})
+"""Forward GEMMs whose reduce-scatter TE pipelines with them."""
+
+PIPELINE_SPLITS = 4
+"""TE's `num_splits` for the "pipeline" method (tp for "ring_exchange")."""
+
+
+def gathered_before(cfg: ParallelConfig, forward: bool) -> frozenset[str]:
+    """Backward ops that first all-gather their gradient with sequence parallelism: the
+    embedding's, whose forward reduce-scattered its output into the sequence-parallel region
+    (`reduce_scatter_to_sequence_parallel_region`; its backward gathers)."""
+    if forward or cfg.tp == 1 or not cfg.sequence_parallel:
+        return frozenset()
+    return frozenset({"embedding_lookup_bwd"})
+
+
+def regathered(cfg: ParallelConfig, forward: bool) -> frozenset[str]:
+    """Backward dgrad GEMMs beside which sequence parallelism re-gathers the layer input."""
+    if forward or cfg.tp == 1 or not cfg.sequence_parallel:
+        return frozenset()
+    return frozenset({"qkv_dgrad", "fc1_dgrad", "logits_dgrad"})

@@ -148,6 +148,8 @@ class ParallelConfig:
     dp_engine: DpEngine = DpEngine.DEEPSPEED
     # Megatron-Core's --overlap-param-gather (with dp_engine megatron, ZeRO-1, overlap_comm)
     overlap_param_gather: bool = False
+    # Megatron-Core's --tp-comm-overlap (TransformerEngine userbuffers; sequence parallel)
+    tp_comm_overlap: bool = False
 
     def models(self, mechanism: Mechanism) -> bool:
         """Whether `mechanism` is modelled (not switched off by `without`)."""
@@ -210,7 +212,7 @@ class ParallelConfig:
             "1 unless --pp-schedule interleaved",
         )
         self._check_zero_plus_plus()
-        self._check_megatron_dp()
+        self._check_megatron()
         require(  # Megatron: "number of microbatches is not divisible by pipeline-parallel size"
             self.pp_schedule is not PipelineSchedule.INTERLEAVED or self.grad_accum % self.pp == 0,
             "grad_accum",
@@ -219,10 +221,17 @@ class ParallelConfig:
             "in groups of pp)",
         )
 
-    def _check_megatron_dp(self) -> None:
-        """Megatron-Core's rules: DDP (ZeRO-0) or its distributed optimizer (ZeRO-1), no
-        offload; --overlap-param-gather needs the distributed optimizer and
-        --overlap-grad-reduce (arguments.py)."""
+    def _check_megatron(self) -> None:
+        """Megatron's rules (arguments.py): --tp-comm-overlap needs sequence parallelism; its
+        DDP is ZeRO-0 or, with the distributed optimizer, ZeRO-1, without offload;
+        --overlap-param-gather needs the distributed optimizer and --overlap-grad-reduce."""
+        require(
+            not self.tp_comm_overlap or self.sequence_parallel,
+            "tp_comm_overlap",
+            True,
+            "with sequence parallelism (Megatron: 'Tensor parallel communication/GEMM overlap "
+            "can happen only when sequence parallelism is enabled')",
+        )
         if self.dp_engine is DpEngine.DEEPSPEED:
             require(
                 not self.overlap_param_gather,
