@@ -330,6 +330,10 @@ def _engines(
     if fw in ("mpt", "torchtitan") and stage >= ZeroStage.GRADIENTS:
         unit = block_params(model, tp)  # FSDP wraps each block: gather / reduce per block
         knobs = ZeroKnobs(reduce_bucket_size=unit, prefetch_bucket_size=unit, overlap_comm=True)
+        if stage is ZeroStage.PARAMETERS:  # FULL_SHARD / fully_shard reshard after forward
+            # (reshard_after_forward=True): a block is gathered again for its backward, and
+            # kept from its recompute to its backward: reuse within one block's parameters
+            knobs = replace(knobs, max_reuse_distance=unit)
     megatron = fw in ("megatron", "mcore")
     return {
         "knobs": knobs,
