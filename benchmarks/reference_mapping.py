@@ -330,22 +330,18 @@ def _engines(
     if fw in ("mpt", "torchtitan") and stage >= ZeroStage.GRADIENTS:
         unit = block_params(model, tp)  # FSDP wraps each block: gather / reduce per block
         knobs = ZeroKnobs(reduce_bucket_size=unit, prefetch_bucket_size=unit, overlap_comm=True)
-        if stage is ZeroStage.PARAMETERS:  # FULL_SHARD / fully_shard reshard after forward
-            # (reshard_after_forward=True): a block is gathered again for its backward, and
-            # kept from its recompute to its backward: reuse within one block's parameters
-            knobs = replace(knobs, max_reuse_distance=unit)
+        if stage is ZeroStage.PARAMETERS:  # FULL_SHARD reshards after forward: gathered
+            knobs = replace(knobs, max_reuse_distance=unit)  # again for (recompute +) backward
     megatron = fw in ("megatron", "mcore")
     return {
         "knobs": knobs,
-        # Megatron's own schedules for Megatron-LM and Megatron-Core/NeMo runs; BLOOM ran
-        # Megatron-DeepSpeed, whose pipeline is DeepSpeed's PipelineEngine
+        # Megatron's schedules, but BLOOM's Megatron-DeepSpeed ran DeepSpeed's PipelineEngine
         "pipeline_engine": PipelineEngine.MEGATRON if megatron else PipelineEngine.DEEPSPEED,
         "dp_engine": DpEngine.MEGATRON if mcore else DpEngine.DEEPSPEED,
         "overlap_param_gather": mcore and stage is ZeroStage.OPTIMIZER,
         # --tp-comm-overlap (the Megatron-Core READMEs' and NeMo's recipes), with SP only
         "tp_comm_overlap": mcore and tp > 1,
-        # every source's sharded DP gathers and reduces on one process group: Megatron-
-        # DeepSpeed passes its mpu, FSDP shards over one group
+        # every source's sharded DP gathers and reduces on one process group (mpu, FSDP's)
         "mpu": True,
     }
 
