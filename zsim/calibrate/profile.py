@@ -92,12 +92,13 @@ def _per_op(where: str, value: Any) -> dict[str, float]:
 def _records(kind: type[Any], zero_ok: Sequence[str] = ()) -> Parse:
     """A mapping of names to records of `kind` (a dataclass of numbers)."""
     names = [f.name for f in fields(kind)]
+    optional = {f.name for f in fields(kind) if f.default is not MISSING}
 
     def parse(where: str, value: Any) -> dict[str, Any]:
         out = {}
         for key, record in _mapping(where, value).items():
             data = _mapping(f"{where}.{key}", record)
-            missing = [f for f in names if f not in data]
+            missing = [f for f in names if f not in data and f not in optional]
             extra = sorted(set(data) - set(names))
             require(
                 not missing,
@@ -109,7 +110,11 @@ def _records(kind: type[Any], zero_ok: Sequence[str] = ()) -> Parse:
                 not extra, f"{where}.{key}.{extra[0] if extra else ''}", None, f"one of {names}"
             )
             out[str(key)] = kind(
-                **{f: _number(f"{where}.{key}.{f}", data[f], f in zero_ok) for f in names}
+                **{
+                    f: _number(f"{where}.{key}.{f}", data[f], f in zero_ok)
+                    for f in names
+                    if f in data
+                }
             )
         return out
 
@@ -150,7 +155,7 @@ def _positive_map(where: str, value: Any) -> dict[str, float]:
 
 Parse = Callable[[str, Any], Any]
 
-_RATES = _records(ComputeRates, ("gemm_overhead_s", "memory_overhead_s"))
+_RATES = _records(ComputeRates, ("gemm_overhead_s", "memory_overhead_s", "gemm_s_per_output"))
 
 
 def _some(where: str, rates: dict[str, Any]) -> dict[str, Any]:

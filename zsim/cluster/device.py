@@ -5,8 +5,9 @@ microbenchmarks (`zsim.cluster.gpu_spec`): never from end-to-end training runs. 
 profile (`zsim calibrate`) replaces the fit with local measurements and may carry measured
 times of whole layers, which take precedence.
 
-Kernel time model (one place): a GEMM takes `overhead + max(flops / gemm_rate, bytes /
-memory_rate)` (a roofline); a bandwidth-bound
+Kernel time model (one place): a GEMM takes `overhead + max(flops / gemm_rate + outputs x
+per_output, bytes / memory_rate)` (a roofline, the compute side with a cost per output element
+where the fit has one); a bandwidth-bound
 kernel takes `overhead + bytes / memory_rate`; a fused attention kernel `overhead + flops /
 attention_rate`. The rates are achieved rates at large sizes; the overhead is the fitted
 intercept (launch plus tail effects).
@@ -39,10 +40,16 @@ class ComputeRates:
     attention_flops_per_s: float
     memory_bytes_per_s: float
     memory_overhead_s: float
+    # a GEMM's cost per output element (its tiles' epilogue and fill, amortized over k): what
+    # makes small-k GEMMs slow at any size; 0 where the fit has no such term
+    gemm_s_per_output: float = 0.0
 
     def op_time_s(self, op: ComputeOp) -> float:
         if op.kind is OpKind.GEMM:  # roofline: thin GEMMs (attention's, small k) stream
-            compute = op.flops / self.gemm_flops_per_s
+            m, n, _ = op.gemm_shape
+            compute = (
+                op.flops / self.gemm_flops_per_s + m * n * op.gemm_batch * self.gemm_s_per_output
+            )
             return self.gemm_overhead_s + max(compute, op.bytes_moved / self.memory_bytes_per_s)
         if op.kind is OpKind.ATTENTION:
             return self.gemm_overhead_s + op.flops / self.attention_flops_per_s
