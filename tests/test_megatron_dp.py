@@ -100,3 +100,22 @@ def test_megatron_overlap_beats_deepspeeds_schedule_on_a_big_model():
     ds = ParallelConfig(dp=8, zero_stage=1, precision="bf16", micro_batch=4)
     mg = _cfg(dp=8, micro_batch=4, overlap_param_gather=True)
     assert simulate(model, mg, topo, A100).step_time_s < simulate(model, ds, topo, A100).step_time_s
+
+
+def test_the_run_says_which_engine_and_overlaps(capsys):
+    import json
+
+    from zsim.cli import main
+
+    argv = ["run", "--topology", "1x8-dgx-a100", "--model", "gpt-350m", "--tp", "2"]
+    argv += ["--stage", "1", "--precision", "bf16", "--dp-engine", "megatron", "--overlap-comm"]
+    argv += ["--overlap-param-gather", "--sequence-parallel", "--tp-comm-overlap", "--json"]
+    assert main(argv) == 0
+    parallel = json.loads(capsys.readouterr().out)["parallel"]
+    assert parallel["dp_engine"] == "megatron"
+    assert parallel["megatron_overlaps"] == [
+        "--overlap-grad-reduce",
+        "--overlap-param-gather",
+        "--tp-comm-overlap",
+    ]
+    assert main([*argv[:-1], "--dp-engine", "deepspeed", "--json"]) == 2  # overlaps need it

@@ -13,7 +13,7 @@ from zsim.cluster.device import GB, DeviceProfile
 from zsim.memory import MemoryLedger, overflow_bytes
 from zsim.simulation import Report
 from zsim.workload.model import ModelKind, ModelSpec
-from zsim.workload.parallel import ParallelConfig, ZeroStage
+from zsim.workload.parallel import DpEngine, ParallelConfig, ZeroStage
 
 # piped output is not cut to 80 columns (rich's default without a terminal); a narrow
 # terminal wraps cells instead of truncating them
@@ -63,7 +63,22 @@ def parallel_summary(cfg: ParallelConfig) -> dict[str, Any]:
         "offload": str(cfg.offload),
         "sequence_parallel": cfg.sequence_parallel,
         "flash_attention": cfg.flash_attention,
-    } | ({"zero_plus_plus": cfg.zero_plus_plus} if cfg.zero_plus_plus else {})
+    } | _non_default(cfg)
+
+
+def _non_default(cfg: ParallelConfig) -> dict[str, Any]:
+    """What a layout turns on beyond DeepSpeed's defaults (absent otherwise)."""
+    out: dict[str, Any] = {"zero_plus_plus": cfg.zero_plus_plus} if cfg.zero_plus_plus else {}
+    if cfg.dp_engine is not DpEngine.DEEPSPEED:
+        out["dp_engine"] = str(cfg.dp_engine)
+    flags = [("--overlap-grad-reduce", cfg.dp_engine is DpEngine.MEGATRON and cfg.overlap_comm)]
+    flags += [("--overlap-param-gather", cfg.overlap_param_gather)]
+    flags += [("--tp-comm-overlap", cfg.tp_comm_overlap)]
+    if any(on for _, on in flags):
+        out["megatron_overlaps"] = [name for name, on in flags if on]
+    if cfg.without:
+        out["without"] = sorted(str(m) for m in cfg.without)
+    return out
 
 
 def memory_report(
@@ -256,6 +271,9 @@ def _run_header(r: dict[str, Any]) -> str:
         f"global batch {p['global_batch']}, recompute {p['recompute']}, offload {p['offload']}"
         + "".join(f", {x.replace('_', ' ')}" for x in extras)
         + (f", ZeRO++ {p['zero_plus_plus']}" if p.get("zero_plus_plus") else "")
+        + (f", {p['dp_engine']} DP" if p.get("dp_engine") else "")
+        + "".join(f" {flag}" for flag in p.get("megatron_overlaps", []))
+        + (f", without {', '.join(p['without'])}" if p.get("without") else "")
     )
 
 
