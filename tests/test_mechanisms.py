@@ -88,3 +88,23 @@ def test_names_are_checked():
         parse_mechanisms("fast-mode")
     with pytest.raises(InputError):
         ParallelConfig(without=frozenset({"fast-mode"}))
+
+
+def test_autograd_adds_later_micro_batches_into_grad():
+    # ZeRO-0/1 keep gradients in .grad until the boundary: micro-batches 2..ga add into it in
+    # place (AccumulateGrad: read two fp16 tensors, write one, per parameter) on the compute
+    # stream; one GPU, accumulation 4: three such passes
+    device = presets.gpu("a100-80gb")
+    model = preset("gpt-350m")
+    for stage in (0, 1):
+        cfg = ParallelConfig(zero_stage=stage, micro_batch=2, grad_accum=4)
+        added = _step(model, cfg, "1x1-nvlink", device) - _step(
+            model, cfg, "1x1-nvlink", device, Mechanism.GRAD_ACCUMULATE
+        )
+        params = model.total_params()
+        assert added == pytest.approx(3 * device.copy_time_s(1.5 * 2 * params, "fp16"), rel=1e-9)
+    # ZeRO-2 reduces every micro-batch's gradients out of .grad: nothing accumulates there
+    cfg = ParallelConfig(zero_stage=2, micro_batch=2, grad_accum=4)
+    assert _step(model, cfg, "1x1-nvlink", device) == _step(
+        model, cfg, "1x1-nvlink", device, Mechanism.GRAD_ACCUMULATE
+    )

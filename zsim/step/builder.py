@@ -21,6 +21,7 @@ from zsim.step.optimizer import grad_norm, optimizer_step, post_step_gather
 from zsim.step.pipeline import (
     Work,
     accumulates_in_fp32,
+    accumulates_in_grad,
     deepspeed_schedule,
     megatron_schedule,
     tied_embedding_reduce,
@@ -85,6 +86,7 @@ class _Passes:
             and cfg.pp == 1
             and not self.job.gloo
             and cfg.models(Mechanism.EPILOGUE_WAIT)
+            and cfg.dp_engine is DpEngine.DEEPSPEED  # Megatron waits at finish_grad_sync
         ):
             # ... and DeepSpeed's engine waits for every reduction before the host issues more
             # (stage3.py `independent_gradient_partition_epilogue`: the reduction stream's
@@ -93,8 +95,10 @@ class _Passes:
             waits = [*done, *self.reducer.pending()]
             done = [writer.compute("backward_epilogue_sync", 0.0, Category.BACKWARD, waits)]
         if not work.forward and accumulates_in_fp32(cfg):
-            nbytes = 5 * self.job.params()
-            done = [writer.memory_pass("fp32_grad_accumulate", nbytes, done)]
+            done = [writer.memory_pass("fp32_grad_accumulate", 5.0 * self.job.params(), done)]
+        elif not work.forward and accumulates_in_grad(cfg, work.micro_batch):
+            added = 1.5 * self.job.element_bytes * self.job.params()  # 3 tensors, as a copy
+            done = [writer.memory_pass("grad_accumulate", added, done)]
         self._previous = done
         return done[0]
 

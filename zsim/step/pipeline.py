@@ -18,10 +18,12 @@ from zsim.step.job import StageJob
 from zsim.step.program import Category, Comm, Group, ProgramWriter, Stream, Task
 from zsim.workload.mechanisms import Mechanism
 from zsim.workload.parallel import (
+    DpEngine,
     ParallelConfig,
     PipelineEngine,
     PipelineSchedule,
     Precision,
+    ZeroStage,
 )
 
 
@@ -179,6 +181,22 @@ def accumulates_in_fp32(cfg: ParallelConfig) -> bool:
         and cfg.pipeline_engine is PipelineEngine.DEEPSPEED
         and cfg.precision is Precision.BF16
         and cfg.models(Mechanism.FP32_GRAD_ACCUMULATE)
+    )
+
+
+def accumulates_in_grad(cfg: ParallelConfig, micro_batch: int) -> bool:
+    """Autograd adds a later micro-batch's gradients into `.grad` in place (AccumulateGrad:
+    read both, write one) where DeepSpeed keeps them there until the boundary: ZeRO-0 and
+    ZeRO-1 (stage_1_and_2.py `reduce_ready_partitions_and_remove_grads` removes them at the
+    boundary only), in its engine and its pipeline, but not through BF16_Optimizer's fp32
+    accumulation nor in Megatron's DDP (the wgrad GEMM adds into main_grad)."""
+    return (
+        micro_batch > 0
+        and cfg.zero_stage <= ZeroStage.OPTIMIZER
+        and cfg.dp_engine is DpEngine.DEEPSPEED
+        and (cfg.pp == 1 or cfg.pipeline_engine is PipelineEngine.DEEPSPEED)
+        and not accumulates_in_fp32(cfg)
+        and cfg.models(Mechanism.GRAD_ACCUMULATE)
     )
 
 

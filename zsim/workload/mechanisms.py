@@ -18,6 +18,7 @@ class Mechanism(StrEnum):
     EPILOGUE_WAIT = "epilogue-wait"
     BLOCKING_P2P = "blocking-p2p"
     FP32_GRAD_ACCUMULATE = "fp32-grad-accumulate"
+    GRAD_ACCUMULATE = "grad-accumulate"
     GATHER_COPY_OUT = "gather-copy-out"
 
 
@@ -34,6 +35,8 @@ MECHANISMS: dict[Mechanism, str] = {
     "they run beside compute, as Megatron's)",
     Mechanism.FP32_GRAD_ACCUMULATE: "BF16_Optimizer's per-micro-batch fp32 gradient "
     "accumulation pass with DeepSpeed's pipeline (off: none)",
+    Mechanism.GRAD_ACCUMULATE: "autograd's in-place add of later micro-batches' gradients "
+    "into .grad with ZeRO-0/1 (off: free)",
     Mechanism.GATHER_COPY_OUT: "ZeRO-3's copy of a coalesced gather into its parameters "
     "(torch.cat on the gather stream; off: views)",
 }
