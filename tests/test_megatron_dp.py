@@ -26,8 +26,8 @@ def _cfg(**kw) -> ParallelConfig:
     return ParallelConfig(**base, knobs=ZeroKnobs(overlap_comm=True))
 
 
-def _layers_per_bucket(cfg: ParallelConfig, stage: int = 0) -> list[int]:
-    job = StageJob.of(MLP, cfg, A100, stage, False)
+def _layers_per_bucket(cfg: ParallelConfig, stage: int = 0, model: ModelSpec = MLP) -> list[int]:
+    job = StageJob.of(model, cfg, A100, stage, False)
     return [sum(t.name.endswith("weight") for t in b) for b in buckets(job)]
 
 
@@ -40,7 +40,14 @@ def test_buckets_close_at_the_parameter_that_fills_them():
     assert _layers_per_bucket(_cfg(dp=64)) == [4, 4]
     # one bucket without --overlap-grad-reduce, and on every pipeline stage but the first
     assert _layers_per_bucket(_cfg_no_overlap()) == [8]
-    assert _layers_per_bucket(_cfg(pp=2), stage=1) == [4]
+    assert _layers_per_bucket(_cfg(pp=2, pipeline_engine="megatron"), stage=1) == [4]
+    # interleaved: one DDP buffer per model chunk, and only the first chunk is cut
+    # (disable_bucketing for the others); no bucket holds two chunks' parameters
+    interleaved = _cfg(
+        pp=2, virtual_stages=2, pipeline_engine="megatron", pp_schedule="interleaved", grad_accum=2
+    )
+    wide = ModelSpec("toy-mlp", ModelKind.MLP, layers=8, hidden=8192)  # 67M per layer
+    assert _layers_per_bucket(interleaved, model=wide) == [1, 1, 2]
 
 
 def _cfg_no_overlap() -> ParallelConfig:
@@ -90,6 +97,8 @@ def test_the_frameworks_rules():
         ParallelConfig(dp=2, zero_stage=1, overlap_param_gather=True)  # DeepSpeed's engine
     with pytest.raises(InputError, match="overlap_param_gather"):
         ParallelConfig(dp=2, zero_stage=1, dp_engine="megatron", overlap_param_gather=True)
+    with pytest.raises(InputError, match="pipeline_engine"):  # not under DeepSpeed's pipeline
+        ParallelConfig(dp=2, pp=2, zero_stage=1, dp_engine="megatron")
 
 
 def test_megatron_overlap_beats_deepspeeds_schedule_on_a_big_model():

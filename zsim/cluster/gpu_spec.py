@@ -58,7 +58,8 @@ def fit_gemm(shapes_tflops: list[tuple[int, int, int, float]]) -> tuple[float, f
 
 def fit_gemm_tiles(shapes_tflops: list[tuple[int, int, int, float]]) -> tuple[float, float, float]:
     """(achieved FLOP/s, overhead s, s per output element) from (m, n, k, measured TFLOP/s)
-    rows: t = overhead + flops / rate + m n x per_output, by least squares on relative error.
+    rows: t = overhead + flops / rate + m n x per_output, by least squares on relative error
+    (a negative intercept is held at 0, as in fit_gemm).
     The last term is each output tile's fixed work (its epilogue and pipeline fill), which a
     GEMM of small k cannot amortize: cuBLASLt's 802816 x 192 x 768 runs at 62 % of the large
     squares' rate on an A100. A term the rows make negative is dropped (fit_gemm then)."""
@@ -68,7 +69,10 @@ def fit_gemm_tiles(shapes_tflops: list[tuple[int, int, int, float]]) -> tuple[fl
     require(len(shapes_tflops) >= 3, "gemm rows", len(shapes_tflops), "at least three shapes")
     a = np.stack([np.ones_like(flops), flops, outputs], axis=1) / times[:, None]
     (overhead, inv_rate, per_output), *_ = np.linalg.lstsq(a, np.ones_like(times), rcond=None)
-    if overhead < 0 or per_output < 0 or inv_rate <= 0:
+    if overhead < 0 and per_output >= 0:  # no intercept, as fit_gemm clamps it
+        (inv_rate, per_output), *_ = np.linalg.lstsq(a[:, 1:], np.ones_like(times), rcond=None)
+        overhead = 0.0
+    if per_output < 0 or inv_rate <= 0:
         rate, fixed = fit_gemm(shapes_tflops)
         return rate, fixed, 0.0
     return float(1.0 / inv_rate), float(overhead), float(per_output)

@@ -70,7 +70,7 @@ class _Passes:
         else:
             for layer in order:
                 if synced:
-                    done = [*done, *self.param_sync.wait(layer)]
+                    done = [*done, *self.param_sync.wait(layer, done)]
                 gather = partial(self.gathers.use, layer, tag=f"{tag}.{layer.name}")
                 task = self.kernels.layer_pass(
                     writer, layer, work.forward, done, f"{tag}.{layer.name}", gather

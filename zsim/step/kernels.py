@@ -98,6 +98,8 @@ class LayerKernels:
                 tp.last = tp.last + gathers
             tp.add(op)
         tp.flush()
+        assert tp.ring is None, "a ring-exchanged gather with no GEMM after it in the pass"
+        assert not tp.needed, "a re-gathered input with no wgrad after it in the pass"
         last = [*tp.last, *tp.beside]
         return last[0] if len(last) == 1 else emit.compute(f"{tag}.join", 0.0, category, last)
 

@@ -43,22 +43,34 @@ def grad_bytes(job: StageJob) -> int:
     return 4 if job.cfg.precision is Precision.BF16 else job.element_bytes
 
 
-def buckets(job: StageJob) -> list[list[ParamTensor]]:
-    """The rank's gradient buckets in backward (reverse parameter) order."""
+def chunk_buckets(job: StageJob) -> list[list[list[ParamTensor]]]:
+    """The rank's gradient buckets per model chunk (each chunk has a DDP buffer of its own),
+    each chunk's in backward (reverse parameter) order. Only the first chunk of the first
+    pipeline stage is cut into buckets: later chunks are built with `disable_bucketing`,
+    and later stages' are one bucket (`distributed_data_parallel.py:170`)."""
     cfg = job.cfg
-    tensors = job.tensors()[::-1]
-    if not cfg.overlap_comm or job.stage > 0:
-        return [tensors]
     size = max(MIN_BUCKET_NUMEL, 1_000_000 * cfg.dp)
-    out: list[list[ParamTensor]] = [[]]
-    numel = 0
-    for t in tensors:
-        out[-1].append(t)
-        numel += t.per_rank(cfg.tp)
-        if numel >= size:
-            out.append([])
-            numel = 0
-    return [b for b in out if b]
+    out: list[list[list[ParamTensor]]] = []
+    for c, chunk in enumerate(job.chunks):
+        tensors = [t for layer in chunk for t in layer.tensors][::-1]
+        if not cfg.overlap_comm or job.stage > 0 or c > 0:
+            out.append([tensors] if tensors else [])
+            continue
+        cut: list[list[ParamTensor]] = [[]]
+        numel = 0
+        for t in tensors:
+            cut[-1].append(t)
+            numel += t.per_rank(cfg.tp)
+            if numel >= size:
+                cut.append([])
+                numel = 0
+        out.append([b for b in cut if b])
+    return out
+
+
+def buckets(job: StageJob) -> list[list[ParamTensor]]:
+    """Every bucket of the rank, chunk by chunk, each chunk's in backward order."""
+    return [b for chunk in chunk_buckets(job) for b in chunk]
 
 
 def bucket_numel(job: StageJob, bucket: Sequence[ParamTensor]) -> int:
@@ -137,7 +149,8 @@ class MegatronParamSync:
     def __init__(self, job: StageJob, writer: ProgramWriter) -> None:
         self.job = job
         self.writer = writer
-        self._buckets = buckets(job)[::-1]
+        # forward order: chunk by chunk, each chunk's buckets from its first layers
+        self._buckets = [b for chunk in chunk_buckets(job) for b in reversed(chunk)]
         self._of = {id(t): i for i, b in enumerate(self._buckets) for t in b}
         self._gathers: list[Task] = []
         self.active = (
@@ -150,16 +163,20 @@ class MegatronParamSync:
         numel = bucket_numel(self.job, self._buckets[i])
         return Comm(CollectiveOp.ALL_GATHER, numel * self.job.element_bytes, Group.DP)
 
-    def wait(self, layer: Layer) -> list[Task]:
-        """What the first forward of `layer` waits for: the gather of its bucket (issued in
-        order on the data-parallel stream, as each pre-hook dispatches the next)."""
+    def wait(self, layer: Layer, issued: list[Task]) -> list[Task]:
+        """What the first forward of `layer` waits for: its bucket's gather. A module's
+        pre-hook (`finish_param_sync`) dispatches its bucket's gather if nobody has, waits for
+        it and dispatches the next bucket's; ProcessGroupNCCL makes each gather wait for the
+        compute `issued` before it."""
         if not self.active or not layer.tensors:
             return []
         i = max(self._of[id(t)] for t in layer.tensors)
-        while len(self._gathers) <= i:
+        while len(self._gathers) <= min(i + 1, len(self._buckets) - 1):
             k = len(self._gathers)
             comm = self._comm(k)
-            task = self.writer.comm("param_gather", comm, Category.PARAM_GATHER, [], Stream.REDUCE)
+            task = self.writer.comm(
+                "param_gather", comm, Category.PARAM_GATHER, issued, Stream.REDUCE
+            )
             self._gathers.append(task)
         return [self._gathers[i]]
 

@@ -172,16 +172,20 @@ def deepspeed_schedule(job: StageJob, writer: ProgramWriter, run_pass: RunPass) 
     return ready
 
 
-def accumulates_in_fp32(cfg: ParallelConfig) -> bool:
-    """DeepSpeed's pipeline engine with bf16 trains through BF16_Optimizer, which adds
-    every micro-batch's bf16 gradients into fp32 ones (`_update_hp_grad`): read 2 + 4,
-    write 4 bytes per parameter of the stage."""
+def bf16_optimizer(cfg: ParallelConfig) -> bool:
+    """DeepSpeed's pipeline engine with bf16 trains through BF16_Optimizer."""
     return (
         cfg.pp > 1
         and cfg.pipeline_engine is PipelineEngine.DEEPSPEED
         and cfg.precision is Precision.BF16
-        and cfg.models(Mechanism.FP32_GRAD_ACCUMULATE)
+        and cfg.dp_engine is DpEngine.DEEPSPEED
     )
+
+
+def accumulates_in_fp32(cfg: ParallelConfig) -> bool:
+    """BF16_Optimizer adds every micro-batch's bf16 gradients into fp32 ones
+    (`_update_hp_grad`): read 2 + 4, write 4 bytes per parameter of the stage."""
+    return bf16_optimizer(cfg) and cfg.models(Mechanism.FP32_GRAD_ACCUMULATE)
 
 
 def accumulates_in_grad(cfg: ParallelConfig, micro_batch: int) -> bool:
@@ -195,7 +199,7 @@ def accumulates_in_grad(cfg: ParallelConfig, micro_batch: int) -> bool:
         and cfg.zero_stage <= ZeroStage.OPTIMIZER
         and cfg.dp_engine is DpEngine.DEEPSPEED
         and (cfg.pp == 1 or cfg.pipeline_engine is PipelineEngine.DEEPSPEED)
-        and not accumulates_in_fp32(cfg)
+        and not bf16_optimizer(cfg)  # it frees the bf16 gradients after each micro-batch
         and cfg.models(Mechanism.GRAD_ACCUMULATE)
     )
 

@@ -241,6 +241,13 @@ class ParallelConfig:
             )
             return
         require(
+            self.pp == 1 or self.pipeline_engine is PipelineEngine.MEGATRON,
+            "pipeline_engine",
+            str(self.pipeline_engine),
+            "megatron with dp_engine megatron and pp > 1 (Megatron-Core's DDP runs under its "
+            "own schedules, not DeepSpeed's PipelineEngine)",
+        )
+        require(
             self.zero_stage <= ZeroStage.OPTIMIZER and self.offload is Offload.NONE,
             "zero_stage",
             int(self.zero_stage),
