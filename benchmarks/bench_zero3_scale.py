@@ -27,7 +27,7 @@ from zsim.cluster.topology import Topology
 from zsim.inputs import presets
 from zsim.simulation import Report, simulate
 from zsim.workload.model_presets import preset
-from zsim.workload.parallel import ParallelConfig, PipelineEngine, Recompute
+from zsim.workload.parallel import DpEngine, ParallelConfig, PipelineEngine, Recompute
 
 RESULTS = Path(__file__).parent / "results"
 ZERO3_SIZES = (64, 128, 256, 512, 768, 1536, 2048)
@@ -60,6 +60,14 @@ def layouts(sizes: tuple[int, ...] | None) -> list[tuple[str, int, ParallelConfi
             pipeline_engine=PipelineEngine.MEGATRON,
         )
         out.append(("tp8-pp12", n, cfg))
+        # the same with Megatron-Core's DDP: distributed optimizer, both overlaps
+        mcore = dataclasses.replace(
+            cfg,
+            dp_engine=DpEngine.MEGATRON,
+            overlap_param_gather=cfg.dp > 1,
+            knobs=dataclasses.replace(cfg.knobs, overlap_comm=True),
+        )
+        out.append(("tp8-pp12 Megatron-Core DP", n, mcore))
     return out
 
 
