@@ -128,3 +128,21 @@ def test_the_run_says_which_engine_and_overlaps(capsys):
         "--tp-comm-overlap",
     ]
     assert main([*argv[:-1], "--dp-engine", "deepspeed", "--json"]) == 2  # overlaps need it
+
+
+def test_interleaving_aligns_the_parameter_gathers():
+    # forward_backward_pipelining_with_interleaving dispatches chunks 0 and 1 at its start
+    # (schedules.py:1219-1221): their gathers wait for nothing; chunk 2's waits for compute
+    wide = ModelSpec("toy-mlp", ModelKind.MLP, layers=12, hidden=4096)
+    cfg = _cfg(
+        pp=2,
+        virtual_stages=3,
+        pipeline_engine="megatron",
+        pp_schedule="interleaved",
+        grad_accum=2,
+        overlap_param_gather=True,
+    )
+    program = build_program(wide, cfg, A100, 1)
+    gathers = [t for t in program.tasks if t.name == "param_gather"]
+    assert len(gathers) == 3  # one bucket per chunk beyond the first stage
+    assert [bool(t.deps) for t in gathers] == [False, False, True]

@@ -150,9 +150,14 @@ class MegatronParamSync:
         self.job = job
         self.writer = writer
         # forward order: chunk by chunk, each chunk's buckets from its first layers
-        self._buckets = [b for chunk in chunk_buckets(job) for b in reversed(chunk)]
+        per_chunk = chunk_buckets(job)
+        self._buckets = [b for chunk in per_chunk for b in reversed(chunk)]
+        self._chunk = [c for c, chunk in enumerate(per_chunk) for _ in chunk]
         self._of = {id(t): i for i, b in enumerate(self._buckets) for t in b}
         self._gathers: list[Task] = []
+        # interleaved schedules align the stages' gathers (--align-param-gather, Megatron's
+        # default there): a chunk's gathers are dispatched by the schedule, not the hooks
+        self._aligned = job.cfg.virtual_stages > 1
         self.active = (
             job.cfg.dp > 1
             and job.cfg.zero_stage is ZeroStage.OPTIMIZER
@@ -171,11 +176,30 @@ class MegatronParamSync:
         if not self.active or not layer.tensors:
             return []
         i = max(self._of[id(t)] for t in layer.tensors)
+        if self._aligned:
+            return self._aligned_wait(i, issued)
         while len(self._gathers) <= min(i + 1, len(self._buckets) - 1):
             k = len(self._gathers)
             comm = self._comm(k)
             task = self.writer.comm(
                 "param_gather", comm, Category.PARAM_GATHER, issued, Stream.REDUCE
+            )
+            self._gathers.append(task)
+        return [self._gathers[i]]
+
+    def _aligned_wait(self, i: int, issued: list[Task]) -> list[Task]:
+        """`forward_backward_pipelining_with_interleaving` dispatches every bucket of chunks 0
+        and 1 at the schedule's start and chunk c + 1's at chunk c's first forward
+        (schedules.py:1219-1221, 1341-1353; a stage r dispatches it r micro-batches earlier,
+        not modelled); the pre-hooks only wait for them."""
+        chunk = self._chunk[i]
+        for k in range(len(self._gathers), len(self._buckets)):
+            if self._chunk[k] > max(1, chunk + 1):
+                break
+            deps = [] if self._chunk[k] <= 1 else issued
+            comm = self._comm(k)
+            task = self.writer.comm(
+                "param_gather", comm, Category.PARAM_GATHER, deps, Stream.REDUCE
             )
             self._gathers.append(task)
         return [self._gathers[i]]
