@@ -16,7 +16,7 @@ import functools
 from dataclasses import dataclass, fields, replace
 
 from zsim.cluster.device import DeviceProfile
-from zsim.step import zero3
+from zsim.step import megatron_dp, zero3
 from zsim.workload.layout import rank_layers, stage_layers
 from zsim.workload.model import Layer, LayerKind, ModelKind, ModelSpec
 from zsim.workload.parallel import (
@@ -109,8 +109,8 @@ def model_state_bytes(params: float, cfg: ParallelConfig) -> tuple[float, float,
     stage = cfg.zero_stage
     p = params * per.parameters / (nd if stage >= ZeroStage.PARAMETERS else 1)
     g = params * per.gradients / (nd if stage >= ZeroStage.GRADIENTS else 1)
-    if cfg.dp_engine is DpEngine.MEGATRON and cfg.precision is Precision.BF16:
-        g = params * FP32_BYTES  # Megatron-Core's main_grad buffer: fp32 for bf16 (megatron_dp)
+    if cfg.dp_engine is DpEngine.MEGATRON:
+        g = params * megatron_dp.grad_bytes(cfg)  # Megatron-Core's main_grad buffer
     o = params * per.optimizer / (nd if stage >= ZeroStage.OPTIMIZER else 1)
     if stage is ZeroStage.PARAMETERS and cfg.knobs.hpz_partition_size > 1:
         # ZeRO++'s hpZ: a secondary partition over h ranks, in the parameters' dtype, where

@@ -87,10 +87,8 @@ class LayerKernels:
     ) -> H:
         """Compute segments, split at TP communication points and (through `gather`) ZeRO-3
         parameter gathers; `emit` makes tasks, or times a fused pass."""
-        tp = _TpCollectives(
-            self, emit, forward, category, tag, self.measured_scale(layer, forward, ops)
-        )
-        tp.last = deps
+        scale = self.measured_scale(layer, forward, ops)
+        tp = _TpCollectives(self, emit, forward, category, tag, scale, deps)
         for op in ops:
             gathers = gather(op, tp.last) if gather else []
             if gathers:
@@ -201,6 +199,7 @@ class _TpCollectives(Generic[H]):
         category: Category,
         tag: str,
         scale: float,
+        deps: list[H],
     ) -> None:
         cfg = kernels.job.cfg
         self.kernels, self.emit, self.forward, self.category = kernels, emit, forward, category
@@ -211,7 +210,7 @@ class _TpCollectives(Generic[H]):
         self.overlap = cfg.tp_comm_overlap
         self.nbytes = tp_bytes(kernels.job.model, cfg)
         self.segment: list[ComputeOp] = []
-        self.last: list[H] = []
+        self.last: list[H] = deps
         self.beside: list[H] = []  # collectives beside the next wgrad GEMM (bulk)
         self.needed: list[H] = []  # the re-gathered input the next wgrad GEMM waits for
         self.ring: H | None = None  # a gather the next GEMM is ring-exchanged with

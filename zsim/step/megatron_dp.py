@@ -32,15 +32,15 @@ from zsim.network.collective import CollectiveOp
 from zsim.step.job import StageJob
 from zsim.step.program import Category, Comm, Group, ProgramWriter, Stream, Task
 from zsim.workload.model import Layer, ParamTensor
-from zsim.workload.parallel import Precision, ZeroStage
+from zsim.workload.parallel import ParallelConfig, Precision, ZeroStage
 
 MIN_BUCKET_NUMEL = 40_000_000
 """`DistributedDataParallel`'s default bucket: max(40,000,000, 1,000,000 x dp) elements."""
 
 
-def grad_bytes(job: StageJob) -> int:
-    """Bytes per element of Megatron's gradient buffer and its reductions."""
-    return 4 if job.cfg.precision is Precision.BF16 else job.element_bytes
+def grad_bytes(cfg: ParallelConfig) -> int:
+    """Bytes per element of Megatron's gradient buffer (main_grad) and its reductions."""
+    return 4 if cfg.precision is Precision.BF16 else cfg.precision.bytes
 
 
 def chunk_buckets(job: StageJob) -> list[list[list[ParamTensor]]]:
@@ -130,7 +130,7 @@ class MegatronGradSync:
 
     def _reduce(self, i: int, deps: list[Task], stream: Stream = Stream.REDUCE) -> Task:
         job, writer = self.job, self.writer
-        numel, d = bucket_numel(job, self._buckets[i]), grad_bytes(job)
+        numel, d = bucket_numel(job, self._buckets[i]), grad_bytes(job.cfg)
         scaled = writer.memory_pass("grad_scale", 2 * d * numel, deps)  # grad_data *= 1/dp
         op = (
             CollectiveOp.REDUCE_SCATTER
