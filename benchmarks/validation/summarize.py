@@ -51,7 +51,32 @@ def table(folder: Path) -> list[str]:
         )
     mape = summary.get("mape_pct")
     lines += ["", f"MAPE: {'n/a' if mape is None else f'{mape:.1f}%'}", ""]
-    return lines
+    return lines + phase_table(rows)
+
+
+PHASES = ("forward", "backward", "step")
+
+
+def phase_table(rows: list[dict[str, str]]) -> list[str]:
+    """Rank 0's phases, measured / predicted ms, and inside each the time in collectives
+    (`zsim.validate.phase_split`); nothing where the run recorded no phases."""
+    if not any(r.get("measured_forward_s") for r in rows):
+        return []
+    head = "".join(f" {p} | {p} comm |" for p in PHASES)
+    lines = [
+        "Phases of rank 0 (measured / predicted ms; comm: inside collectives):",
+        "",
+        f"| case |{head}",
+        "|---|" + "---|---|" * len(PHASES),
+    ]
+    for r in rows:
+        cells = "".join(
+            f" {_ms(r[f'measured_{k}_s'])} / {_ms(r[f'predicted_{k}_s'])} |"
+            for p in PHASES
+            for k in (p, f"{p}_comm")
+        )
+        lines.append(f"| {r['case']} |{cells}")
+    return [*lines, ""]
 
 
 def overall(folders: list[Path]) -> str:

@@ -55,6 +55,7 @@ class Residual:
     worst_label: str
     over: int | None = None  # rows off by more than FIT_TOLERANCE (None: not recorded)
     over_launches_disagree: int | None = None  # of those, rows whose launches disagree as much
+    held_out: bool = False  # predicted by a fit that did not see them (`holdout`)
 
 
 @dataclass(frozen=True)
@@ -285,9 +286,12 @@ def residuals(
     return tuple(out)
 
 
-def fit_profile(name: str, rows: Sequence[Measurement], info: Mapping[str, Any]) -> Fit:
+def fit_profile(
+    name: str, rows: Sequence[Measurement], info: Mapping[str, Any], diagnostics: bool = True
+) -> Fit:
     """The profile fitted to `rows`; `info` is the run's provenance (memory sizes, backend,
-    cache size, and the topology name the collectives were measured on)."""
+    cache size, and the topology name the collectives were measured on). Without
+    `diagnostics`, the per-op link fits (`links.params_of`) are skipped: only the profile."""
     dtypes = sorted({r.dtype for r in _rows(rows, Kind.GEMM)})
     require(bool(dtypes), "calibration", "no GEMM rows", "GEMM measurements")
     cache = cache_bytes_of(info)
@@ -315,7 +319,7 @@ def fit_profile(name: str, rows: Sequence[Measurement], info: Mapping[str, Any])
         backend=backend if backend in ("nccl", "gloo") else "nccl",
         notes=provenance_notes(info),
     )
-    profile, link_params, link_predict = _fit_collectives(profile, rows, info)
+    profile, link_params, link_predict = _fit_collectives(profile, rows, info, diagnostics)
     predictions: dict[int, float] = {}
     for i, row in enumerate(rows):
         p = predict_compute(profile, row)
@@ -332,7 +336,7 @@ def fit_profile(name: str, rows: Sequence[Measurement], info: Mapping[str, Any])
 
 
 def _fit_collectives(
-    profile: DeviceProfile, rows: Sequence[Measurement], info: Mapping[str, Any]
+    profile: DeviceProfile, rows: Sequence[Measurement], info: Mapping[str, Any], diagnostics: bool
 ) -> tuple[DeviceProfile, Mapping[str, Mapping[str, float]], LinkPredict]:
     """The profile with its links, call latencies and (gloo) local work fitted to the
     collective rows, on the topology they were measured on; the fitted parameters and the
@@ -341,11 +345,13 @@ def _fit_collectives(
     if not collectives or not info.get("topology"):
         return profile, {}, lambda _row: None  # no collectives measured
     from zsim.calibrate import links
+    from zsim.calibrate.bounds import link_bounds
     from zsim.inputs import presets
 
     # the profile's measured copy and sum rates are the ranks' local work (gloo)
     topo = apply_profile(presets.topology(str(info["topology"])), profile)
-    fitted = links.fit_links(topo, collectives)
+    bounds = link_bounds(topo, rows)
+    fitted = links.fit_links(topo, collectives, bounds)
     profile = replace(
         profile,
         links=fitted.links,
@@ -356,7 +362,7 @@ def _fit_collectives(
         op_s_per_byte=fitted.op_s_per_byte,
         op_call_s=fitted.op_call_s,
     )
-    params = links.params_of(topo, fitted, collectives)
+    params = links.params_of(topo, fitted, collectives, bounds) if diagnostics else {}
     return profile, params, links.predictor(apply_profile(topo, profile))
 
 

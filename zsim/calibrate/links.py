@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from zsim.calibrate.bounds import LinkBounds, group_gpus
 from zsim.calibrate.measurement import Collective, Kind, Measurement
 from zsim.cluster.calibrated import with_call_latency, with_link_class, with_links, with_local_work
 from zsim.cluster.device import LinkFit
@@ -60,16 +61,6 @@ reduce_scatter_tensor clones its input and all-reduces it. all_reduce and broadc
 algorithm on the tensor itself: theirs is the common call latency (send/recv has its own)."""
 HUGE_BPS = 1e30  # a bandwidth that never limits (probing)
 PROBE_FLOOR_S = 1e-3  # a unit unknown (1 s, 1 B/s) a row depends on adds at least this
-
-
-def group_gpus(topo: Topology, group: str, ranks: int) -> tuple[int, ...]:
-    """The GPUs (ranks) of the measured group the calibration worker's rank 0 was in."""
-    g = topo.gpus_per_node
-    if group == "intra":
-        return tuple(range(min(ranks, g)))
-    if group == "inter":
-        return tuple(range(0, topo.world_size, g))[:ranks]
-    return tuple(range(ranks))
 
 
 def calls_of(topo: Topology, row: Measurement) -> tuple[CollectiveCall, ...]:
@@ -155,17 +146,25 @@ def _probe(
     )
 
 
-def fit_links(topo: Topology, rows: Sequence[tuple[int, Measurement]]) -> LinkModelFit:
+def fit_links(
+    topo: Topology, rows: Sequence[tuple[int, Measurement]], bounds: LinkBounds | None = None
+) -> LinkModelFit:
     """Call latency (and on gloo send/recv's own), (latency, bandwidth) of every link class the
     rows exercise, the ranks' cost per message and page-fault rate, and each op's own cost per
     byte (one op, the cheapest, at zero: the module's doc) and per call (`WRAPPED_OPS`);
-    `topo` carries the local rates the profile measures (`apply_profile`)."""
+    `topo` carries the local rates the profile measures (`apply_profile`). With `bounds`,
+    every link's latency stays at least its floor and its bandwidth at most its ceiling."""
     require(bool(rows), "collective rows", 0, "at least one collective measurement")
     names, a, y = _design(topo, [r for _, r in rows])
+    low = _floors(names, bounds)
+    y_above = y - a @ low  # the unknowns above their floors are non-negative
     own = [j for j, u in enumerate(names) if u[0] == "op_s_per_byte"]
-    solution = _least_error(
-        [_without(a, y, j) for j in own] if own else [nonnegative_lstsq(a, y)], a, y
+    above = _least_error(
+        [_without(a, y_above, j) for j in own] if own else [nonnegative_lstsq(a, y_above)],
+        a,
+        y_above,
     )
+    solution = low + above
     values = dict(zip(names, solution.tolist(), strict=True))
     links: dict[str, LinkFit] = {}
     for cls in sorted(set(topo.link_class), key=str):
@@ -231,6 +230,21 @@ def _design(
     return names, np.stack(columns, axis=1) / t[:, None], 1.0 - base / t
 
 
+def _floors(names: Sequence[Unknown], bounds: LinkBounds | None) -> np.ndarray:
+    """Each unknown's least value: a link's latency floor, the inverse of its bandwidth
+    ceiling (`zsim.calibrate.bounds`); 0 for the rest."""
+    out = np.zeros(len(names))
+    if bounds is None:
+        return out
+    for j, (kind, what) in enumerate(names):
+        if kind == "latency" and isinstance(what, LinkClass):
+            out[j] = bounds.latency_floor(what)
+        elif kind == "inv_bandwidth" and isinstance(what, LinkClass):
+            ceiling = bounds.bandwidth_ceiling(what)
+            out[j] = 0.0 if ceiling is None else 1.0 / ceiling
+    return out
+
+
 def _without(a: np.ndarray, y: np.ndarray, reference: int) -> np.ndarray:
     """The non-negative least-squares solution with unknown `reference` held at zero."""
     keep = [j for j in range(a.shape[1]) if j != reference]
@@ -286,7 +300,10 @@ def predictor(fitted_topo: Topology) -> Callable[[Measurement], float | None]:
 
 
 def params_of(
-    topo: Topology, fit: LinkModelFit, rows: Sequence[tuple[int, Measurement]]
+    topo: Topology,
+    fit: LinkModelFit,
+    rows: Sequence[tuple[int, Measurement]],
+    bounds: LinkBounds | None = None,
 ) -> dict[str, dict[str, float]]:
     """The joint fit (call latency, each link class, the ranks' local work), and, as a
     diagnostic, the same model fitted to each op alone: where the per-op numbers differ, one
@@ -307,7 +324,7 @@ def params_of(
         **_local_entry(fit),
     }
     for op in sorted({r.op for _, r in rows}):
-        alone = fit_links(topo, [(i, r) for i, r in rows if r.op == op])
+        alone = fit_links(topo, [(i, r) for i, r in rows if r.op == op], bounds)
         entry = {"call_latency_s": alone.call_latency_s, **_local_entry(alone)}
         if alone.p2p_call_latency_s is not None:
             entry["p2p_call_latency_s"] = alone.p2p_call_latency_s

@@ -32,6 +32,7 @@ class Kind(StrEnum):
     HOST_COPY = "host_copy"  # host -> device and device -> host (offload); a memcpy on CPU
     OPTIMIZER = "optimizer"  # one AdamW step over a flat fp32 tensor
     COLLECTIVE = "collective"  # a torch.distributed collective over a process group
+    PINGPONG = "pingpong"  # one byte's TCP round trip between two ranks, halved (no gloo)
 
 
 class Collective(StrEnum):
@@ -80,9 +81,9 @@ class Measurement:
     params: int = 0  # OPTIMIZER: parameters stepped
     layer_key: str = ""  # LAYER_*: zsim.cluster.device.layer_key of the layer and shape
     micro_batch: int = 0  # LAYER_*, ATTENTION
-    group: str = ""  # COLLECTIVE: intra, inter or full
-    ranks: int = 0  # COLLECTIVE: group size
-    link_class: str = ""  # COLLECTIVE: the topology's link class the group's traffic crosses
+    group: str = ""  # COLLECTIVE, PINGPONG: intra, inter or full
+    ranks: int = 0  # COLLECTIVE, PINGPONG: group size (ping-pong: the 2 ranks that played)
+    link_class: str = ""  # COLLECTIVE, PINGPONG: the link class the group's traffic crosses
     inner: int = 1  # calls per timed sample (small ops are timed in loops)
     dropped: int = 0  # samples discarded (all ranks): the rank lost its core during them
     launch_samples: tuple[int, ...] = ()  # samples of each worker launch, in order; () if one
@@ -143,6 +144,8 @@ class Measurement:
             return f"{self.op} {self.params} params"
         if self.kind is Kind.COLLECTIVE:
             return f"{self.op} {self.group} n={self.ranks} {_bytes(self.size_bytes)}"
+        if self.kind is Kind.PINGPONG:
+            return f"ping-pong {self.op} {self.group}"
         if self.kind is Kind.ATTENTION:
             return f"{self.op} mb{self.micro_batch} {self.flops:.3g} FLOP"
         return f"{self.op} {_bytes(self.size_bytes)}"

@@ -366,7 +366,7 @@ def sample_profiles(
     out = []
     for _ in range(n):
         rows = tuple(resampled(r, rng) for r in cal.measurements)
-        out.append(fit_profile(cal.name, rows, cal.provenance).profile)
+        out.append(fit_profile(cal.name, rows, cal.provenance, diagnostics=False).profile)
     return out
 
 

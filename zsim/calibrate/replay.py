@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from zsim.calibrate.bounds import group_gpus
 from zsim.calibrate.links import calls_of
 from zsim.calibrate.measurement import Kind, Measurement
 from zsim.calibrate.profile import Calibration
@@ -19,9 +20,10 @@ from zsim.network.communicator import simulate_s
 from zsim.workload.model import ComputeOp, OpKind
 
 
-def simulated_s(profile: DeviceProfile, topo: Topology, row: Measurement) -> float:
+def simulated_s(profile: DeviceProfile, topo: Topology | None, row: Measurement) -> float:
     """Seconds per call of `row`'s microbenchmark; `topo` has the profile applied
-    (`zsim.calibrate.links.apply_profile`)."""
+    (`zsim.calibrate.links.apply_profile`; needed for collective and ping-pong rows). A
+    ping-pong's one-way time is its route's latency: the model's time of a byte alone."""
     if row.kind is Kind.GEMM:
         op = ComputeOp(row.op, OpKind.GEMM, row.flops, 0.0, row.shape[:3], row.shape[3])
         return profile.op_time_s(op, row.dtype)
@@ -38,6 +40,11 @@ def simulated_s(profile: DeviceProfile, topo: Topology, row: Measurement) -> flo
         return row.size_bytes / profile.host_link_bytes_per_s
     if row.kind is Kind.OPTIMIZER:
         return row.params * ADAM_STEP_BYTES_PER_PARAM / profile.optimizer_bytes_per_s
+    if topo is None:
+        raise ValueError(f"{row.label}: a collective or ping-pong row needs its topology")
+    if row.kind is Kind.PINGPONG:
+        a, b = group_gpus(topo, row.group, 2)[:2]
+        return float(topo.route(a, b).latency_s)
     return max(simulate_s(topo, calls_of(topo, row)))
 
 

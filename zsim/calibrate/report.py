@@ -87,11 +87,11 @@ def print_summary(cal: Calibration, paths: Sequence[Path]) -> None:
     numbers = ("rows", "median", "worst", "over 10%")
     for col in ("kind", "op", "fitted", *numbers, "worst row"):
         res.add_column(col, justify="right" if col in numbers else "left")
-    for r in sorted(cal.residuals, key=lambda r: (not r.fitted, r.kind, r.op)):
+    for r in sorted(cal.residuals, key=lambda r: (not r.fitted, r.kind, r.op, r.held_out)):
         res.add_row(
             r.kind,
             r.op,
-            "yes" if r.fitted else "no (outside the model)",
+            ("held out" if r.held_out else "yes") if r.fitted else "no (outside the model)",
             str(r.rows),
             f"{r.median_rel_err:.1%}",
             f"{r.worst_rel_err:.1%}",
@@ -100,7 +100,9 @@ def print_summary(cal: Calibration, paths: Sequence[Path]) -> None:
         )
     _console.print(res)
     _console.print(
-        "over 10%: rows the model misses by more than 10%; in brackets, where the calibration"
+        "held out: the same rows, each predicted by a fit that did not see its size (k-fold,"
+        " zsim.calibrate.holdout). over 10%: rows the model misses by more than 10%; in brackets,"
+        " where the calibration"
         " recorded its worker launches: of them, the rows whose launches' medians no one time is"
         " within 10% of ('-': a profile written before these counts)"
     )

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from zsim.calibrate.fit import Fit, fit_profile
+from zsim.calibrate.holdout import held_out_residuals
 from zsim.calibrate.host import (
     busy_host,
     check_machine,
@@ -313,11 +314,12 @@ def fit_measurements(
     plan: Mapping[str, Any],
 ) -> tuple[Calibration, Fit]:
     fit = fit_profile(name, measurements, info)
+    held_out = held_out_residuals(name, measurements, info, fit.fitted)
     cal = Calibration(
         name=name,
         profile=fit.profile,
         measurements=measurements,
-        residuals=fit.residuals,
+        residuals=fit.residuals + held_out,
         collective_params=fit.collective_params,
         provenance=dict(info),
         plan=dict(plan),

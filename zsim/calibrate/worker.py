@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from zsim.calibrate import micro
+from zsim.calibrate import micro, pingpong
 from zsim.calibrate.bench import Bench, last_level_cache_bytes
 from zsim.calibrate.measurement import Measurement, merge
 from zsim.calibrate.plan import PROGRESS, Plan, layer_kinds
@@ -75,6 +75,10 @@ def tasks(bench: Bench, plan: Plan, world: int, local: int) -> list[Task]:
             for op in plan.collectives
             for size in plan.collective_sizes_bytes
         ]
+        if plan.device == "cpu" and name != "full":  # the link's own latency (gloo's sockets)
+            link = bench.plan.link_classes.get(name, "")
+            play = partial(pingpong.pingpong, name, members[0], link, plan.dtype)
+            out.append((f"ping-pong {name}", play))
     return out
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ import numpy as np
 
 from zsim.errors import InputError
 from zsim.memory import MemoryLedger, ledger
+from zsim.validate.phase_split import simulated_phases
 from zsim.validate.runner import Case, Measurement
 
 BAND_PERCENTILES = (5.0, 95.0)
@@ -30,6 +31,7 @@ class Prediction:
     high_s: float  # 95th percentile
     memory: MemoryLedger
     band_samples: int  # profiles simulated for the band (0: none, low = high = step time)
+    phases: dict[str, float] = field(default_factory=dict)  # rank 0's (`phase_split`)
 
 
 class PredictionUnavailable(Exception):
@@ -79,7 +81,8 @@ def predict(case: Case, profile_path: Path | None, band_samples: int = 20) -> Pr
         if samples
         else (step, step)
     )
-    return Prediction(step, min(low, step), max(high, step), report.memory, len(samples))
+    phases = simulated_phases(report.engine.all_spans(), 0, step)
+    return Prediction(step, min(low, step), max(high, step), report.memory, len(samples), phases)
 
 
 # ---- rows -----------------------------------------------------------------------------------

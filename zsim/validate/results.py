@@ -15,7 +15,10 @@ from typing import Any
 from zsim.testbed.emulate import LinkEmulation
 from zsim.validate import plots
 from zsim.validate.compare import MEMORY_CATEGORIES, Compared, error_pct, mape
+from zsim.validate.phases import PHASES
 from zsim.validate.runner import Status
+
+PHASE_COLUMNS = (*PHASES, *(f"{p}_comm" for p in PHASES))
 
 
 def row(c: Compared, context: dict[str, Any]) -> dict[str, Any]:
@@ -54,6 +57,9 @@ def row(c: Compared, context: dict[str, Any]) -> dict[str, Any]:
         out[f"{cat}_error_pct"] = (
             error_pct(want, got) if got is not None and not math.isnan(want) else None
         )
+    for phase in PHASE_COLUMNS:
+        out[f"measured_{phase}_s"] = (m.phases or {}).get(phase)
+        out[f"predicted_{phase}_s"] = p.phases.get(phase) if p else None
     out["measured_other_bytes"] = (m.held_bytes or {}).get("other")
     out["measured_peak_rss_bytes"] = m.peak_rss_bytes
     out["measured_max_memory_allocated_bytes"] = m.max_memory_allocated_bytes

@@ -26,6 +26,7 @@ from zsim.errors import positive_int, require
 from zsim.testbed import procs, torchrun
 from zsim.testbed.emulate import NODE_DEV, EmulatedCluster, LinkEmulation
 from zsim.testbed.emulation_plan import EmulationPlan, emulated
+from zsim.validate.phase_split import measured_phases, median_over_launches
 from zsim.workload.ds_config import to_ds_config
 from zsim.workload.model import ModelSpec
 from zsim.workload.parallel import ParallelConfig, Precision
@@ -103,6 +104,7 @@ class Measurement:
     max_memory_allocated_bytes: int | None = None  # GPU only
     wall_s: float = 0.0
     raw: dict[str, Any] | None = None
+    phases: dict[str, float] | None = None  # rank 0's phases (`phase_split.measured_phases`)
 
 
 def ds_config(cfg: ParallelConfig) -> dict[str, Any]:
@@ -236,6 +238,7 @@ def _collect(case: Case, run_dir: Path, status: Status, detail: str, wall_s: flo
         max_memory_allocated_bytes=_max_or_none(raw["max_memory_allocated_bytes"]),
         wall_s=wall_s,
         raw=raw,
+        phases=measured_phases(raw.get("phases_per_rank", [])) or None,
     )
 
 
@@ -350,4 +353,5 @@ def combine_launches(runs: Sequence[Measurement]) -> Measurement:
         + ", ".join(f"{m * 1e3:.1f}" for m in medians)
         + " ms",
         wall_s=sum(r.wall_s for r in runs),
+        phases=median_over_launches([r.phases for r in runs if r.phases]) or None,
     )

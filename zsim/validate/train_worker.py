@@ -30,9 +30,11 @@ from typing import Any
 import deepspeed  # the runner sets DS_ACCELERATOR (cpu or cuda) before this is imported
 import torch
 from deepspeed import comm as dist
+from deepspeed.comm import comm as ds_comm
 
 from zsim.testbed import torchmodels
 from zsim.validate.held import CATEGORIES, SavedTensors, engine_inventory
+from zsim.validate.phases import PhaseClock, median_phases
 from zsim.workload.model import ModelKind, ModelSpec
 
 
@@ -106,27 +108,35 @@ def train(case: dict[str, Any]) -> dict[str, Any]:
     accum = int(ds_config["gradient_accumulation_steps"])
     x, y = torchmodels.batch(spec, micro, dtype=dtype, device=where)
     probe = MemoryProbe(engine)
+    clock = PhaseClock()
+    if device == "cpu":  # on CUDA the wall clocks around kernels and collectives mean nothing
+        clock.instrument(ds_comm.cdb)  # the backend object deepspeed.comm calls
 
     def step(saved: SavedTensors | None = None) -> None:
         for micro_step in range(accum):
-            if saved is not None and micro_step == 0:
-                with saved:
+            with clock.phase("forward"):
+                if saved is not None and micro_step == 0:
+                    with saved:
+                        loss = engine(x, y)
+                        probe.snap("forward_end")
+                else:
                     loss = engine(x, y)
-                    probe.snap("forward_end")
-            else:
-                loss = engine(x, y)
-            engine.backward(loss)
-            engine.step()
+            with clock.phase("backward"):
+                engine.backward(loss)
+            with clock.phase("step"):
+                engine.step()
         probe.snap("step_end")
 
     times = []
     for _ in range(case["warmup"] + case["steps"]):
         dist.barrier()
+        clock.start_step()
         start = time.perf_counter()
         step()
         if device == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
+        clock.end_step()
 
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -137,6 +147,7 @@ def train(case: dict[str, Any]) -> dict[str, Any]:
     return {
         "step_times_s": times[case["warmup"] :],
         "warmup_times_s": times[: case["warmup"]],
+        "phases": clock.steps[case["warmup"] :],
         "held": probe.peak(),
         "activations_bytes": saved.total_bytes,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
@@ -171,6 +182,7 @@ def aggregate(case: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[str, An
         "peak_rss_bytes": [r["peak_rss_bytes"] for r in ranks],
         "max_memory_allocated_bytes": [r["max_memory_allocated_bytes"] for r in ranks],
         "engine": ranks[0]["engine"],
+        "phases_per_rank": [median_phases(r.get("phases", [])) for r in ranks],
         "versions": {"torch": torch.__version__, "deepspeed": deepspeed.__version__},
         "threads": torch.get_num_threads(),
     }

@@ -1,0 +1,110 @@
+"""The whole local loop, on demand (`make validate`): for each layout, calibrate its profile from
+microbenchmarks, then validate ZeRO stages 0-3 against real DeepSpeed runs with it (each case
+the median of 3 launches), then write the tables of README.md here and exit non-zero when the
+MAPE over every case exceeds 10 %.
+
+    python benchmarks/validation/loop.py [--layouts 1x2,1x4,2x2,2x4] [--reuse-profiles]
+
+The emulated layouts (2x2, 2x4: network namespaces joined by tc-shaped veth links) need root.
+Each profile is calibrated just before its validation, one run at a time: the machine should
+be otherwise idle. --reuse-profiles validates with the committed profiles instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+MODEL = "toy-mlp:hidden=1024"
+MAPE_LIMIT_PCT = 10.0
+
+
+@dataclass(frozen=True)
+class Layout:
+    profile: str  # calibration/<profile>.json
+    calibrate: tuple[str, ...]  # zsim calibrate's arguments beyond --model/--name/--out
+    validate: tuple[str, ...]  # zsim validate's arguments beyond --profile/--out
+    folder: str  # benchmarks/validation/<folder>
+
+
+LAYOUTS = {
+    "1x2": Layout(
+        "cpu-2rank",
+        ("--nproc", "2", "--model", "gpt-125m:layers=2,seq-len=128"),
+        ("--topology", "1x2-cpu", "--steps", "8"),
+        "cpu-1x2",
+    ),
+    "1x4": Layout(
+        "cpu-4rank",
+        ("--nproc", "4", "--micro-batches", "4"),
+        ("--topology", "1x4-cpu", "--steps", "8"),
+        "cpu-1x4",
+    ),
+    "2x2": Layout(
+        "cpu-2x2-1gbit",
+        ("--emulate", "2x2-cpu-1gbit", "--nproc", "2", "--micro-batches", "4"),
+        ("--topology", "2x2-cpu-1gbit", "--emulate", "--steps", "5"),
+        "cpu-2x2-1gbit-emulated",
+    ),
+    "2x4": Layout(
+        "cpu-2x4-1gbit",
+        ("--emulate", "2x4-cpu-1gbit", "--nproc", "4", "--micro-batches", "4"),
+        ("--topology", "2x4-ethernet", "--emulate", "--stages", "3", "--steps", "5"),
+        "2x4-ethernet-z3-emulated",
+    ),
+}
+
+
+def zsim(*args: str) -> None:
+    command = [sys.executable, "-m", "zsim", *args]
+    print(f"[loop] {time.strftime('%H:%M:%S')} {' '.join(command[2:])}", flush=True)
+    subprocess.run(command, cwd=ROOT, check=True)
+
+
+def run(name: str, layout: Layout, reuse: bool) -> None:
+    profile = f"calibration/{layout.profile}.json"
+    if not reuse:
+        zsim("calibrate", "--model", MODEL, *layout.calibrate, "--name", layout.profile,
+             "--out", profile, "--force")  # fmt: skip
+    out = f"benchmarks/validation/{layout.folder}"
+    zsim("validate", "--profile", profile, "--model", MODEL, "--launches", "3",
+         *layout.validate, "--out", out)  # fmt: skip
+
+
+def overall_mape(folders: list[str]) -> float:
+    errors = [
+        abs(float(r["step_error_pct"]))
+        for f in folders
+        for r in csv.DictReader((HERE / f / "predicted_vs_measured.csv").open())
+        if r["step_error_pct"]
+    ]
+    return sum(errors) / len(errors)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layouts", default=",".join(LAYOUTS))
+    parser.add_argument("--reuse-profiles", action="store_true")
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.layouts.split(",") if n.strip()]
+    unknown = [n for n in names if n not in LAYOUTS]
+    if unknown:
+        print(f"zsim: error: --layouts {','.join(unknown)}: one of {', '.join(LAYOUTS)}")
+        return 2
+    for name in names:
+        run(name, LAYOUTS[name], args.reuse_profiles)
+    subprocess.run([sys.executable, str(HERE / "summarize.py"), "--write"], check=True)
+    mape = overall_mape([LAYOUTS[n].folder for n in LAYOUTS])
+    print(f"[loop] MAPE over every committed case: {mape:.1f}% (limit {MAPE_LIMIT_PCT:.0f}%)")
+    return 0 if mape <= MAPE_LIMIT_PCT else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,125 @@
+"""The link fit inside physics: latency floors from a ping-pong, bandwidth ceilings from the line
+rate or the memcpy rate, every committed profile inside its own bounds, and every fit scored on
+rows it did not see (k-fold over sizes)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.calibrate_synthetic import (
+    COPY_RATE,
+    INFO,
+    LINK_BPS,
+    LINK_LATENCY_S,
+    collective_rows,
+    synthetic_rows,
+)
+from zsim.calibrate import holdout
+from zsim.calibrate.bounds import link_bounds, violations
+from zsim.calibrate.fit import fit_profile
+from zsim.calibrate.measurement import Kind, Measurement
+from zsim.calibrate.profile import load_calibration
+from zsim.cluster.calibrated import apply_profile
+from zsim.cluster.fabric import LinkClass
+from zsim.inputs import presets
+
+ROOT = Path(__file__).resolve().parents[1]
+PROFILES = sorted((ROOT / "calibration").glob("cpu-*.json"))
+
+
+def pingpong(group: str, *one_way_s: float) -> Measurement:
+    return Measurement(Kind.PINGPONG, "tcp", "fp32", one_way_s, 1.0, group=group, ranks=2)
+
+
+def test_floor_is_the_fastest_trip_shared_by_the_route_links():
+    # topologies' cpu.yaml: a message between two ranks of one host crosses two loopback
+    # links (rank -> host stack -> rank); between two namespaces, two at each end (the rank's
+    # and its host's stack to the NIC) and the two veth hops (node -> bridge -> node)
+    topo = presets.topology("2x2-cpu-1gbit")
+    rows = [pingpong("intra", 40e-6, 30e-6, 35e-6), pingpong("inter", 150e-6, 130e-6)]
+    bounds = link_bounds(topo, rows)
+    assert bounds.latency_floor(LinkClass.LOOPBACK) == pytest.approx(15e-6)
+    assert bounds.latency_floor(LinkClass.VETH) == pytest.approx((130e-6 - 4 * 15e-6) / 2)
+
+
+def test_ceilings_are_the_line_rate_and_the_memcpy_rate():
+    topo = presets.topology("2x2-cpu-100mbit")
+    bounds = link_bounds(topo, [])
+    assert bounds.bandwidth_ceiling(LinkClass.VETH) == pytest.approx(100e6 / 8)
+    assert bounds.bandwidth_ceiling(LinkClass.LOOPBACK) == topo.local_work.copy_bytes_per_s
+    assert bounds.latency_floor(LinkClass.VETH) == 0.0  # nothing measured it
+
+
+def test_a_binding_floor_and_ceiling_hold_and_the_rest_is_refitted():
+    """Rows made by the true parameters, a ping-pong above the true latency: the fitted
+    latency sits on the floor. Without it, the truth is recovered (test_calibrate_links)."""
+    info = {**INFO, "topology": "1x2-cpu"}
+    floor = 2 * LINK_LATENCY_S
+    rows = synthetic_rows() + collective_rows() + (pingpong("intra", 2 * floor),)
+    link = fit_profile("synthetic", rows, info).profile.links["loopback"]
+    assert link.latency_s == pytest.approx(floor, rel=1e-9)
+    assert link.bandwidth_bytes_per_s <= COPY_RATE
+    assert link.bandwidth_bytes_per_s == pytest.approx(LINK_BPS, rel=0.2)
+
+
+def test_a_binding_ceiling_holds():
+    info = {**INFO, "topology": "1x2-cpu"}
+    slow_copies = [
+        Measurement(Kind.HOST_COPY, r.op, r.dtype, tuple(3 * s for s in r.samples_s), r.size_bytes)
+        if r.kind is Kind.HOST_COPY
+        else r
+        for r in synthetic_rows()
+    ]
+    ceiling = COPY_RATE / 3  # the memcpy rate, now below the true link rate of 1.5 GB/s
+    assert ceiling < LINK_BPS * 1.6
+    fit = fit_profile("synthetic", tuple(slow_copies) + collective_rows(), info)
+    assert fit.profile.links["loopback"].bandwidth_bytes_per_s <= ceiling * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("path", PROFILES, ids=[p.stem for p in PROFILES])
+def test_committed_profiles_are_inside_their_physical_bounds(path):
+    cal = load_calibration(path)
+    topo = apply_profile(presets.topology(str(cal.provenance["topology"])), cal.profile)
+    bounds = link_bounds(topo, cal.measurements)
+    fitted = {k: (v.latency_s, v.bandwidth_bytes_per_s) for k, v in cal.profile.links.items()}
+    assert violations(bounds, fitted) == []
+    pingpongs = [r for r in cal.measurements if r.kind is Kind.PINGPONG]
+    assert pingpongs, "the calibration measured no ping-pong: the latency floor is unknown"
+    assert all(v[0] > 0 for v in fitted.values())
+
+
+def test_folds_hold_out_each_size_once_and_keep_single_sizes():
+    rows = synthetic_rows() + collective_rows()
+    folds = holdout.folds(rows)
+    held = [i for f in folds for i in f]
+    assert len(held) == len(set(held))
+    for kind in (Kind.GEMM, Kind.COLLECTIVE, Kind.MEMORY):
+        sizes = {holdout.size_of(r) for r in rows if r.kind is kind}
+        assert len(sizes) >= 2
+        for f in folds:
+            in_fold = {holdout.size_of(rows[i]) for i in f if rows[i].kind is kind}
+            assert in_fold < sizes  # never every size of a kind
+    layer_rows = {i for i, r in enumerate(rows) if r.kind is Kind.LAYER_FORWARD}
+    assert layer_rows.isdisjoint(held)
+
+
+def test_a_model_of_the_truth_predicts_rows_it_did_not_see():
+    """GEMM and kernel rows made by t = overhead + work / rate: a fit without a fold predicts
+    the fold exactly, inside and outside its range."""
+    rows = synthetic_rows()
+    held = holdout.held_out_predictions("synthetic", rows, INFO)
+    checked = [i for i in held if rows[i].kind in (Kind.GEMM, Kind.MEMORY, Kind.OPTIMIZER)]
+    assert len(checked) >= 8
+    for i in checked:
+        assert held[i] == pytest.approx(rows[i].median_s, rel=1e-6), rows[i].label
+
+
+def test_committed_profiles_report_held_out_residuals():
+    for path in PROFILES:
+        data = json.loads(path.read_text())
+        res = data["fit"]["residuals"]
+        fitted_groups = {(r["kind"], r["op"]) for r in res if r["fitted"] and r["kind"] in (
+            "gemm", "collective")}
+        held = {(r["kind"], r["op"]) for r in res if r.get("held_out")}
+        assert fitted_groups <= held, path.name

@@ -1,0 +1,120 @@
+"""The phase clock of the validation worker and the phase cut of a simulated step, on
+hand-made inputs whose phases are known."""
+
+import itertools
+
+import pytest
+
+from zsim.step.program import Stream
+from zsim.step.spans import Span
+from zsim.validate import phases
+from zsim.validate.phase_split import measured_phases, simulated_phases
+
+
+class FakeWork:
+    def __init__(self, log):
+        self.log = log
+
+    def wait(self):
+        self.log.append("wait")
+
+    def is_completed(self):
+        return True
+
+
+class FakeBackend:
+    """deepspeed.comm's backend object: a blocking all_reduce, an async all-gather that calls
+    the backend's own all_gather inside (counted once)."""
+
+    def __init__(self):
+        self.log = []
+
+    def all_reduce(self, tensor, async_op=False):
+        self.log.append("all_reduce")
+
+    def all_gather(self, out, x, async_op=False):
+        self.log.append("all_gather")
+
+    def all_gather_into_tensor(self, out, x, async_op=False):
+        self.all_gather(out, x)
+        return FakeWork(self.log) if async_op else None
+
+
+@pytest.fixture
+def ticking(monkeypatch):
+    """perf_counter advancing 1 s per call: every timed interval is a known count of calls."""
+    counter = itertools.count()
+    monkeypatch.setattr(phases.time, "perf_counter", lambda: float(next(counter)))
+
+
+def test_collectives_are_timed_in_the_phase_that_calls_or_waits(ticking):
+    backend = FakeBackend()
+    clock = phases.PhaseClock()
+    clock.instrument(backend)
+    clock.start_step()
+    with clock.phase("forward"):
+        work = backend.all_gather_into_tensor(None, None, async_op=True)
+    with clock.phase("backward"):
+        backend.all_reduce(None)
+        work.wait()
+    clock.end_step()
+    (step,) = clock.steps
+    assert backend.log == ["all_gather", "all_reduce", "wait"]
+    assert work.is_completed()  # the handle still answers what the real one does
+    # the inner all_gather is inside the outer call: one call of all_gather_into_tensor
+    assert step["comm_calls"] == {
+        "forward.all_gather_into_tensor": 1,
+        "backward.all_reduce": 1,
+        "backward.all_gather_into_tensor": 0,  # a wait, not a call
+    }
+    # a clock reading per tick: the outer call reads at 1 and 3, the inner one's start at 2
+    # (an inner call's end is not read); the phase at 0 and 4
+    assert step["comm_s"]["forward.all_gather_into_tensor"] == 2.0
+    assert step["comm_s"]["backward.all_reduce"] == 1.0
+    assert step["forward"] == 4.0
+    assert step["step"] == 0.0
+
+
+def test_median_phases_take_each_phase_and_op_over_steps():
+    steps = [
+        {"forward": f, "backward": 2.0, "step": 1.0, "comm_s": c, "comm_calls": {}}
+        for f, c in ((1.0, {"backward.all_reduce": 0.5}), (3.0, {}), (2.0, {}))
+    ]
+    out = phases.median_phases(steps)
+    assert out["forward"] == 2.0
+    assert out["comm_s"] == {"backward.all_reduce": 0.0}  # absent in two steps of three
+
+
+def span(stream, name, category, start, end):
+    return Span(0, stream, name, category, start, end)
+
+
+def test_a_simulated_step_is_cut_where_deepspeed_calls_cut_it():
+    spans = [
+        span(Stream.COMPUTE, "F0.linear", "forward", 0.0, 3.0),
+        span(Stream.GATHER, "F0.gather", "param_gather", 0.0, 2.0),
+        span(Stream.COMPUTE, "F0.gather_copy_out", "param_gather", 2.0, 2.5),
+        span(Stream.COMPUTE, "B0.linear", "backward", 3.0, 10.0),
+        span(Stream.COMPUTE, "grad_reduce", "grad_reduce", 10.0, 14.0),
+        span(Stream.COMPUTE, "grad_norm", "grad_reduce", 14.0, 15.0),
+        span(Stream.COMPUTE, "optimizer_step", "optimizer", 15.0, 18.0),
+        span(Stream.COMPUTE, "param_allgather", "param_gather", 18.0, 20.0),
+        Span(1, Stream.COMPUTE, "B0.linear", "backward", 1.0, 2.0),  # another rank
+    ]
+    out = simulated_phases(spans, 0, 20.0)
+    assert (out["forward"], out["backward"], out["step"]) == (3.0, 11.0, 6.0)
+    assert (out["forward_comm"], out["backward_comm"], out["step_comm"]) == (2.0, 4.0, 2.0)
+
+
+def test_measured_phases_sum_each_phase_collectives():
+    per_rank = [
+        {
+            "forward": 0.01,
+            "backward": 0.05,
+            "step": 0.02,
+            "comm_s": {"backward.all_reduce": 0.03, "backward.broadcast": 0.001},
+        }
+    ]
+    out = measured_phases(per_rank)
+    assert out["backward_comm"] == pytest.approx(0.031)
+    assert out["forward_comm"] == 0.0
