@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q --disable-pip-version-check
 
-.PHONY: run test lint slow
+.PHONY: run test lint slow validate
 
 $(VENV)/bin/python:
 	python3 -m venv $(VENV)
@@ -32,3 +32,8 @@ test: lint
 
 slow: $(VENV)/.full
 	$(PY) -m pytest -m slow
+
+# the whole local loop (root, about an hour on this 2-core VM): calibrate each layout, validate
+# ZeRO stages 0-3 against real DeepSpeed runs, write benchmarks/validation/; fails past 10 % MAPE
+validate: $(VENV)/.full
+	$(PY) benchmarks/validation/loop.py

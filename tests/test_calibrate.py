@@ -104,6 +104,7 @@ def test_memory_sizes_served_from_cache_are_reported_not_fitted():
     assert outside[0].worst_rel_err == pytest.approx(3.0, rel=0.01)
 
 
+@pytest.mark.consistency
 def test_profile_round_trip(tmp_path):
     cal = calibration()
     written = save_profile(cal, tmp_path / "p.json")

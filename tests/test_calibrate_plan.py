@@ -13,6 +13,7 @@ from zsim.errors import InputError
 from zsim.workload.model_presets import preset, with_overrides
 
 
+@pytest.mark.consistency
 def test_plan_survives_json():
     model = with_overrides(preset("gpt-125m"), layers=2, seq_len=128)
     plan = default_plan(

@@ -66,6 +66,7 @@ def test_collective_json_busbw_follows_the_factor(capsys):
     assert row["busbw_GBps"] == pytest.approx(240, rel=0.01)
 
 
+@pytest.mark.consistency
 def test_collective_groups_and_all_groups(capsys):
     # tp=4 on 2x4-ethernet: DP groups (0, 4), (1, 5), ... all cross the one NIC per node
     one = run_json(

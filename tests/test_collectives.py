@@ -4,7 +4,9 @@ Expected times are written out here from the alpha-beta forms (Thakur, Rabenseif
 2005, "Optimization of collective communication operations in MPICH"; Patarasuk & Yuan 2009
 for the ring all-reduce), NCCL's pipeline unit (512 KiB for broadcast/reduce, see
 zsim.network), nccl-tests' bus-bandwidth factors (doc/PERFORMANCE.md) and the spec-sheet
-bandwidths of the presets, never from the code under test.
+bandwidths of the presets, never from the code under test. The tests marked `consistency` are
+consistency checks: they compare the flow simulation with the closed form (both zsim's), or with
+itself (step by step against coalesced, calls run together against alone).
 """
 
 import pytest
@@ -54,6 +56,7 @@ def test_uniform_ring_equals_closed_form(op, n):
         assert sim == pytest.approx(expected_ring_s(op, m, size), rel=0.01)
 
 
+@pytest.mark.consistency
 @pytest.mark.parametrize("n", [2, 5, 16])
 @pytest.mark.parametrize("op", [Op.ALL_GATHER, Op.REDUCE_SCATTER, Op.ALL_REDUCE])
 def test_step_by_step_equals_coalesced_on_a_uniform_ring(op, n):
@@ -113,6 +116,7 @@ def test_two_collectives_sharing_a_nic():
     assert alone == pytest.approx((size / 2) / nic, rel=0.001)
 
 
+@pytest.mark.consistency
 def test_tp_traffic_inside_nodes_does_not_slow_dp_across_them():
     # 2x8-dgx-h100: TP all-reduces ride NVLink, the DP all-gather across nodes rides the NICs
     # and PCIe; they share no link, so neither slows down.
@@ -207,6 +211,7 @@ def test_auto_picks_tree_for_small_multi_node_all_reduce_and_ring_for_large():
     assert large.algorithm == "nccl-ring"
 
 
+@pytest.mark.consistency
 @pytest.mark.parametrize(
     ("op", "algorithm"),
     [
@@ -219,6 +224,7 @@ def test_auto_picks_tree_for_small_multi_node_all_reduce_and_ring_for_large():
     ],
 )
 def test_every_algorithm_runs_and_its_closed_form_is_close(op, algorithm):
+    """Consistency check: the flow simulation is within 5% of the closed form."""
     topo = presets.topology("4x8-roce")
     call = CollectiveCall(op, 2**28, tuple(range(32)), algorithm)
     [sim] = simulate_s(topo, [call])

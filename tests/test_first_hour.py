@@ -213,6 +213,7 @@ def test_one_model_grammar_for_run_and_memory(capsys):
     assert out["model"]["layers"] == 4  # a flag wins over the name's key
 
 
+@pytest.mark.consistency
 def test_an_emitted_cluster_file_is_the_named_cluster(capsys, tmp_path):
     path = tmp_path / "cluster.yaml"
     _, named = run_json(capsys, ["topology", "4x8-dgx-h100-200gbit", "--emit", str(path)])

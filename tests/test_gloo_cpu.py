@@ -2,7 +2,8 @@
 a form derived here from docs/collectives.md section 1 and from gloo's own
 loops (gloo/allreduce.cc `ring`, written out again below), never from the code under test. The
 ranks' links are half duplex (tests/test_half_duplex.py): a ring step, every rank sending to one
-neighbour while receiving from the other, moves at B/2 per flow; a lone flow at B.
+neighbour while receiving from the other, moves at B/2 per flow; a lone flow at B. The test marked
+`consistency` compares the flow simulation with the closed form (both zsim's): a consistency check.
 """
 
 import math
@@ -238,10 +239,12 @@ def test_nccl_ignores_the_ranks_local_work():
 # ---- the preset: every plan's simulation against its closed form ----------------------------
 
 
+@pytest.mark.consistency
 @pytest.mark.parametrize("size", [8, 4096, 3 * MIB, 96 * MIB])
 @pytest.mark.parametrize("op", [o for o in Op if o is not Op.BROADCAST])
 @pytest.mark.parametrize("name", ["1x2-cpu", "1x4-cpu", "2x2-cpu-1gbit"])
 def test_cpu_preset_simulation_equals_closed_form(name, op, size):
+    """Consistency check: the flow simulation is within 1% of the closed form."""
     topo = presets.topology(name)
     group = (0, topo.world_size - 1) if op is Op.SEND_RECV else tuple(range(topo.world_size))
     call = CollectiveCall(op, size, group)

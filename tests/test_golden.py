@@ -18,6 +18,7 @@ def test_every_scenario_is_recorded() -> None:
     assert len(SCENARIOS) >= 30
 
 
+@pytest.mark.consistency
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_output_is_the_recorded_one(name: str) -> None:
     assert output(SCENARIOS[name]) == RECORDED[name]

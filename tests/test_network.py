@@ -113,6 +113,7 @@ def test_repeat_coalesces_identical_steps():
     assert net.booked.per_gpu(source=True)[0] == pytest.approx(5e6)
 
 
+@pytest.mark.consistency
 @pytest.mark.parametrize(
     "name", ["2x8-dgx-h100", "4x8-roce", "2x4-ethernet", "2x2-cpu", "tests/data/rails-4x4.yaml"]
 )

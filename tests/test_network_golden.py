@@ -21,6 +21,7 @@ def test_at_least_twenty_scenarios():
     assert sorted(RECORDED) == sorted(SCENARIOS)
 
 
+@pytest.mark.consistency
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_step_time_and_bytes_per_link_class(name: str) -> None:
     s, want = SCENARIOS[name], RECORDED[name]

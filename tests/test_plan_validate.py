@@ -28,6 +28,7 @@ def test_a_plan_for_other_ranks_is_refused(tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.consistency
 @pytest.mark.slow
 def test_the_emitted_plan_runs_under_validate_as_planned(tmp_path, capsys):
     config = _emit(tmp_path)

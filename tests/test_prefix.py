@@ -34,6 +34,7 @@ def _spans(report: Report) -> list[tuple[object, ...]]:
     return sorted((s.rank, s.stream, s.name, s.start_s, s.end_s) for s in report.engine.all_spans())
 
 
+@pytest.mark.consistency
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_the_prefix_gives_the_event_loops_step(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     fast = _run(name)

@@ -130,6 +130,7 @@ def test_traffic_zero3_reuse_distance_skips_backward_gathers():
     assert traffic_in_params(ZeroStage.PARAMETERS, knobs) == pytest.approx(2 * 7 / 8, rel=0.01)
 
 
+@pytest.mark.consistency
 @pytest.mark.parametrize(
     ("topology", "cfg"),
     [

@@ -81,6 +81,7 @@ def test_a_malformed_spec_is_one_line_and_exit_2(tmp_path, capsys, text, needle)
     assert not (tmp_path / "spec.csv").exists()
 
 
+@pytest.mark.consistency
 def test_a_dask_cluster_gives_the_rows_of_the_local_pool(tmp_path):
     distributed = pytest.importorskip("distributed")  # the sweep extra; dev installs it
     spec = _spec(tmp_path)

@@ -34,6 +34,7 @@ SMALL = [
 ]
 
 
+@pytest.mark.consistency
 @pytest.mark.parametrize("spec", SMALL, ids=lambda s: s.name)
 def test_module_parameters_equal_spec(spec):
     module = torchmodels.build(spec)

@@ -80,6 +80,7 @@ def _backward_end(monkeypatch, max_events):
     return max(s.end_s for s in backward), flush_ends
 
 
+@pytest.mark.consistency
 def test_the_host_waits_when_three_flushes_are_still_reducing(monkeypatch):
     # stage3.py `__reduce_and_partition_ipg_grads`: with more than max_param_reduce_events = 2
     # reductions in flight, the host waits for the oldest before it issues the next flush, so

@@ -2,16 +2,18 @@
 `zsim validate` output): step time predicted vs measured per case, the MAPE, and the memory
 ledger's error per category against the tensors the engine held.
 
-    python benchmarks/validation/summarize.py [--write]
+    python benchmarks/validation/summarize.py [--repredict] [--write]
 
 --write replaces the tables between the markers of README.md here (the text around them is
-written by hand).
+written by hand). --repredict first predicts every committed case again with this zsim and
+the committed profiles (`zsim.validate.committed`): the measurements stay as measured.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -80,14 +82,63 @@ def phase_table(rows: list[dict[str, str]]) -> list[str]:
 
 
 def overall(folders: list[Path]) -> str:
-    """The MAPE over every case of every folder."""
-    errors = [
-        abs(float(r["step_error_pct"]))
+    """The MAPE, the median signed error and the band's coverage over every case."""
+    rows = [
+        r
         for f in folders
         for r in csv.DictReader((f / "predicted_vs_measured.csv").open())
         if r["step_error_pct"]
     ]
-    return f"All {len(errors)} cases: MAPE {sum(errors) / len(errors):.1f}%\n"
+    errors = sorted(float(r["step_error_pct"]) for r in rows)
+    mape = sum(abs(e) for e in errors) / len(errors)
+    median = statistics.median(errors)
+    inside = sum(
+        float(r["predicted_low_s"]) <= float(r["measured_step_s"]) <= float(r["predicted_high_s"])
+        for r in rows
+    )
+    return (
+        f"All {len(errors)} cases: MAPE {mape:.1f}%, median signed error {median:+.1f}%, "
+        f"worst {max(errors, key=abs):+.1f}%; the band holds the measurement in {inside} of "
+        f"{len(rows)}\n"
+    )
+
+
+def fit_table(folders: list[Path]) -> list[str]:
+    """Each profile's microbenchmark fit: per kind, the median error on the rows it was fitted
+    to and on the same rows predicted without their fold (`zsim.calibrate.holdout`), and how
+    many held-out rows miss by more than 10 % (in brackets: of them, rows whose launches
+    disagree by as much among themselves)."""
+    profiles = sorted({json.loads((f / "summary.json").read_text())["context"]["profile"]
+                       for f in folders})  # fmt: skip
+    lines = [
+        "Microbenchmark fits (median error fitted / held out; held-out rows over 10 %):",
+        "",
+        "| profile | kind | rows | fitted | held out | over 10 % |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in profiles:
+        residuals = json.loads((HERE.parents[1] / name).read_text())["fit"]["residuals"]
+        groups: dict[str, dict[bool, list[dict]]] = {}
+        for r in residuals:
+            if r["fitted"]:
+                groups.setdefault(r["kind"], {}).setdefault(bool(r.get("held_out")), []).append(r)
+        for kind, by in sorted(groups.items()):
+            if True not in by:
+                continue
+            fitted, held = _pooled(by.get(False, [])), _pooled(by[True])
+            over = sum(r["over"] or 0 for r in by[True])
+            apart = sum(r.get("over_launches_disagree") or 0 for r in by[True])
+            lines.append(
+                f"| {Path(name).stem} | {kind} | {held[1]} | {fitted[0]:.1%} | {held[0]:.1%} | "
+                f"{over} ({apart}) |"
+            )
+    return [*lines, ""]
+
+
+def _pooled(groups: list[dict]) -> tuple[float, int]:
+    """A row-weighted median over groups' medians, and their rows."""
+    values = sorted(v for g in groups for v in [g["median_rel_err"]] * g["rows"])
+    return (statistics.median(values) if values else float("nan")), len(values)
 
 
 BEGIN, END = "<!-- tables:begin -->", "<!-- tables:end -->"
@@ -95,8 +146,14 @@ BEGIN, END = "<!-- tables:begin -->", "<!-- tables:end -->"
 
 def main(argv: list[str]) -> int:
     folders = sorted(p for p in HERE.iterdir() if (p / "summary.json").exists())
+    if "--repredict" in argv:
+        from zsim.validate.committed import repredict_folder
+
+        for folder in folders:
+            mape = repredict_folder(folder, HERE.parents[1])
+            print(f"{folder.name}: repredicted, MAPE {mape:.1f}%", file=sys.stderr)
     tables = "\n".join(line for folder in folders for line in table(folder))
-    tables += "\n" + overall(folders)
+    tables += "\n" + overall(folders) + "\n" + "\n".join(fit_table(folders))
     if "--write" not in argv:
         print(tables)
         return 0

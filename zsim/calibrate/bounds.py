@@ -89,17 +89,8 @@ def _ceilings(topo: Topology) -> dict[LinkClass, float]:
     return out
 
 
-def violations(
-    bounds: LinkBounds, links: dict[str, tuple[float, float]], tolerance: float = 1e-9
-) -> list[str]:
-    """Each fitted (latency, bandwidth) of a class outside its bounds, as a sentence."""
-    out = []
-    for name, (latency, bandwidth) in sorted(links.items()):
-        cls = LinkClass(name)
-        floor = bounds.latency_floor(cls)
-        if latency < floor * (1 - tolerance):
-            out.append(f"{name} latency {latency * 1e6:.2f} us < ping-pong {floor * 1e6:.2f} us")
-        ceiling = bounds.bandwidth_ceiling(cls)
-        if ceiling is not None and bandwidth > ceiling * (1 + tolerance):
-            out.append(f"{name} {bandwidth / 1e6:.1f} MB/s > line rate {ceiling / 1e6:.1f} MB/s")
-    return out
+def as_params(bounds: LinkBounds) -> dict[str, float]:
+    """The bounds as the profile records them beside the fitted parameters."""
+    out = {f"{c}.latency_floor_s": v for c, v in sorted(bounds.latency_floor_s.items())}
+    ceilings = sorted(bounds.bandwidth_ceiling_bytes_per_s.items())
+    return out | {f"{c}.bandwidth_ceiling_bytes_per_s": v for c, v in ceilings}

@@ -14,6 +14,7 @@ count alike. What each fit feeds:
                         latency, gloo's send/recv call latency, message_s,
                         first_touch_bytes_per_s and each op's own op_s_per_byte (its
                         copies and sums run at the memcpy and elementwise rates above)
+    ENGINE_HOST rows    minus the simulated tiny step -> engine_host_s (`engine_fit`)
 
 The predictions the residuals are computed from are the simulator's own functions
 (`ComputeRates.op_time_s`, `DeviceProfile.layer_time`, the collectives' flow simulation), never a
@@ -28,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from zsim.calibrate.engine_fit import engine_host_s
 from zsim.calibrate.measurement import FIT_TOLERANCE, Kind, Measurement
 from zsim.cluster.calibrated import apply_profile
 from zsim.cluster.device import ADAM_STEP_BYTES_PER_PARAM, ComputeRates, DeviceProfile, LayerTime
@@ -320,6 +322,9 @@ def fit_profile(
         notes=provenance_notes(info),
     )
     profile, link_params, link_predict = _fit_collectives(profile, rows, info, diagnostics)
+    if info.get("topology"):  # after the links: the tiny steps' collectives are charged first
+        host = engine_host_s(profile, rows, str(info["topology"]))
+        profile = replace(profile, engine_host_s=host)
     predictions: dict[int, float] = {}
     for i, row in enumerate(rows):
         p = predict_compute(profile, row)
@@ -345,7 +350,7 @@ def _fit_collectives(
     if not collectives or not info.get("topology"):
         return profile, {}, lambda _row: None  # no collectives measured
     from zsim.calibrate import links
-    from zsim.calibrate.bounds import link_bounds
+    from zsim.calibrate.bounds import as_params, link_bounds
     from zsim.inputs import presets
 
     # the profile's measured copy and sum rates are the ranks' local work (gloo)
@@ -363,6 +368,8 @@ def _fit_collectives(
         op_call_s=fitted.op_call_s,
     )
     params = links.params_of(topo, fitted, collectives, bounds) if diagnostics else {}
+    if diagnostics:
+        params["bounds"] = as_params(bounds)
     return profile, params, links.predictor(apply_profile(topo, profile))
 
 

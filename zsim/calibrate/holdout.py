@@ -6,8 +6,8 @@ out every fifth size of every kind: some inside the fitted range, the smallest o
 outside it. The profile is fitted again without a fold (`fit_profile`, all its rules) and
 the held-out rows are predicted by the simulator's own functions (`replay.simulated_s`). A
 kind measured at one size only is never held out (nothing would be left to fit), nor are the
-layer rows (a layer's time is its own measurement, not a model's) or the ping-pong rows
-(floors, not fitted).
+layer rows (a layer's time is its own measurement, not a model's), the ping-pong rows
+(floors, not fitted) or ZeRO-3's host rows (a slope, read off directly).
 
 The held-out residuals sit beside the fitted ones in the profile (`Residual.held_out`): a fit
 that is good only on its own rows shows it there.
@@ -27,7 +27,7 @@ from zsim.errors import InputError
 from zsim.inputs import presets
 
 FOLDS = 5
-UNSCORED = (Kind.LAYER_FORWARD, Kind.LAYER_BACKWARD, Kind.PINGPONG)
+UNSCORED = (Kind.LAYER_FORWARD, Kind.LAYER_BACKWARD, Kind.PINGPONG, Kind.ENGINE_HOST)
 
 
 def size_of(row: Measurement) -> tuple[float, ...]:

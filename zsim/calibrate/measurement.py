@@ -33,6 +33,7 @@ class Kind(StrEnum):
     OPTIMIZER = "optimizer"  # one AdamW step over a flat fp32 tensor
     COLLECTIVE = "collective"  # a torch.distributed collective over a process group
     PINGPONG = "pingpong"  # one byte's TCP round trip between two ranks, halved (no gloo)
+    ENGINE_HOST = "engine_host"  # a phase (op "z<stage>.<phase>") of a tiny DeepSpeed step
 
 
 class Collective(StrEnum):
@@ -78,7 +79,7 @@ class Measurement:
     size_bytes: float = 0.0  # MEMORY: bytes moved; HOST_COPY: bytes copied; COLLECTIVE: S
     flops: float = 0.0  # GEMM, ATTENTION
     shape: tuple[int, int, int, int] = (0, 0, 0, 0)  # GEMM: (m, n, k, batch)
-    params: int = 0  # OPTIMIZER: parameters stepped
+    params: int = 0  # OPTIMIZER: parameters stepped; ENGINE_HOST: layers
     layer_key: str = ""  # LAYER_*: zsim.cluster.device.layer_key of the layer and shape
     micro_batch: int = 0  # LAYER_*, ATTENTION
     group: str = ""  # COLLECTIVE, PINGPONG: intra, inter or full
@@ -146,6 +147,8 @@ class Measurement:
             return f"{self.op} {self.group} n={self.ranks} {_bytes(self.size_bytes)}"
         if self.kind is Kind.PINGPONG:
             return f"ping-pong {self.op} {self.group}"
+        if self.kind is Kind.ENGINE_HOST:
+            return f"DeepSpeed {self.op} of {self.params} tiny layers"
         if self.kind is Kind.ATTENTION:
             return f"{self.op} mb{self.micro_batch} {self.flops:.3g} FLOP"
         return f"{self.op} {_bytes(self.size_bytes)}"

@@ -46,6 +46,7 @@ class Plan:
     launches: int = 1
     min_sample_s: float = 2e-4  # tiny ops are looped until one sample takes this long
     max_row_s: float = 4.0  # time per row (all rounds) beyond `repeats` samples
+    engine_host: bool = False  # time DeepSpeed's host work per call (`engine_host`; CPU ranks)
 
     def per_launch(self) -> Plan:
         """What one of `launches` worker processes measures: its share of the rounds, of the
@@ -202,4 +203,5 @@ def default_plan(
         rounds=max(1 if quick else 3, launches),
         launches=launches,
         max_row_s=0.3 if quick else 4.0,
+        engine_host=device == "cpu" and not quick,
     )

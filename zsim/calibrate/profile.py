@@ -89,6 +89,23 @@ def _per_op(where: str, value: Any) -> dict[str, float]:
     return out
 
 
+ENGINE_CALLS = tuple(
+    f"z{s}.{p}{unit}"
+    for s in range(4)
+    for p in ("forward", "backward", "step")
+    for unit in ("", "_per_tensor")
+)
+
+
+def _keyed(where: str, value: Any, keys: Sequence[str]) -> dict[str, float]:
+    """A mapping from some of `keys` to non-negative numbers."""
+    out = _mapping(where, value)
+    for k, v in out.items():
+        require(k in keys, where, k, f"one of {list(keys)}")
+        out[k] = _number(f"{where}.{k}", v, allow_zero=True)
+    return out
+
+
 def _records(kind: type[Any], zero_ok: Sequence[str] = ()) -> Parse:
     """A mapping of names to records of `kind` (a dataclass of numbers)."""
     names = [f.name for f in fields(kind)]
@@ -181,6 +198,7 @@ PROFILE_FIELDS: dict[str, Parse] = {
     "p2p_call_latency_s": _optional(_non_negative),
     "op_s_per_byte": _per_op,
     "op_call_s": _per_op,
+    "engine_host_s": lambda where, value: _keyed(where, value, ENGINE_CALLS),
     "backend": _backend,
     "notes": _notes,
 }

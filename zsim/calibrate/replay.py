@@ -40,6 +40,8 @@ def simulated_s(profile: DeviceProfile, topo: Topology | None, row: Measurement)
         return row.size_bytes / profile.host_link_bytes_per_s
     if row.kind is Kind.OPTIMIZER:
         return row.params * ADAM_STEP_BYTES_PER_PARAM / profile.optimizer_bytes_per_s
+    if row.kind is Kind.ENGINE_HOST:
+        raise ValueError(f"{row.label}: a whole step's phase, not one op the simulator times")
     if topo is None:
         raise ValueError(f"{row.label}: a collective or ping-pong row needs its topology")
     if row.kind is Kind.PINGPONG:

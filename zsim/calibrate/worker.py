@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from zsim.calibrate import micro, pingpong
+from zsim.calibrate import engine_host, micro, pingpong
 from zsim.calibrate.bench import Bench, last_level_cache_bytes
 from zsim.calibrate.measurement import Measurement, merge
 from zsim.calibrate.plan import PROGRESS, Plan, layer_kinds
@@ -79,6 +79,8 @@ def tasks(bench: Bench, plan: Plan, world: int, local: int) -> list[Task]:
             link = bench.plan.link_classes.get(name, "")
             play = partial(pingpong.pingpong, name, members[0], link, plan.dtype)
             out.append((f"ping-pong {name}", play))
+    if plan.engine_host:
+        out.append(("DeepSpeed host work", partial(engine_host.engine_host, plan.dtype)))
     return out
 
 

@@ -33,6 +33,8 @@ from zsim.workload.mechanisms import Mechanism
 from zsim.workload.model import ModelSpec
 from zsim.workload.parallel import DpEngine, ParallelConfig, PipelineEngine, ZeroStage
 
+ENGINE_STEP_HOST = "engine_step_host"
+
 
 class _Passes:
     """One forward or backward of one model chunk, with ZeRO's hooks and gathers inside."""
@@ -59,6 +61,12 @@ class _Passes:
             self.gathers.start(layers)  # ZeRO-3 runs without pipelining: F then B per micro-step
         if zero3:  # the host issues a micro-step's gathers after the last backward returned
             deps = [*deps, *self._previous]
+            if self.job.gloo:  # ... and on gloo that backward returned after its reductions
+                deps = [*deps, *self.reducer.pending()]
+        host = self.job.engine_host_s("forward" if work.forward else "backward")
+        if host > 0:  # the engine's own Python before the pass's first kernel (CPU ranks)
+            category = Category.FORWARD if work.forward else Category.BACKWARD
+            deps = [writer.compute(f"{tag}.engine_host", host, category, deps)]
         boundary = work.micro_batch == cfg.grad_accum - 1
         hooks = not work.forward and self.reducer.start_backward(boundary)
         order = layers if work.forward else tuple(reversed(layers))
@@ -128,6 +136,9 @@ def build_program(
     deps += passes.reducer.pending()
     deps = tied_embedding_reduce(job, writer, deps)
     deps = passes.reducer.boundary_reduce(deps)
+    step_host = job.engine_host_s("step")
+    if step_host > 0:  # engine.step's own Python before the optimizer's first task (CPU ranks)
+        deps = [writer.compute(ENGINE_STEP_HOST, step_host, Category.OPTIMIZER, deps)]
     deps = grad_norm(job, writer, deps)
     deps = optimizer_step(job, writer, deps)
     if cfg.dp_engine is DpEngine.MEGATRON:

@@ -7,12 +7,14 @@ model as it is now. A model change that makes the loop worse shows here without 
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from zsim.inputs.scenario import parse_model
-from zsim.validate.compare import Prediction, error_pct, predict
-from zsim.validate.runner import Case
+from zsim.validate.compare import Prediction, compare, error_pct, predict
+from zsim.validate.results import write_results
+from zsim.validate.runner import Case, Measurement, Status, collect, combine_launches
 from zsim.workload.parallel import ParallelConfig, Precision, ZeroStage
 
 
@@ -68,3 +70,32 @@ def repredicted(folder: Path, root: Path, band_samples: int = 0) -> list[Committ
             prediction = predict(case_of(row), profile, band_samples)
             out.append(Committed(case_of(row), float(row["measured_step_s"]), prediction, profile))
     return out
+
+
+def remeasured(folder: Path, row: dict[str, str]) -> Measurement:
+    """The measurement of one case as `zsim validate` combined it, read again from the raw
+    records its launches left (`launch<i>/runs/<case>/`, or `runs/<case>/` for one launch)."""
+    case = case_of(row)
+    dirs = sorted(folder.glob(f"launch*/runs/{case.name}")) or [folder / "runs" / case.name]
+    runs = [collect(case, d, Status.OK, "", 0.0) for d in dirs]
+    combined = combine_launches(runs)
+    return replace(combined, wall_s=float(row.get("wall_s") or 0.0))
+
+
+def repredict_folder(folder: Path, root: Path, band_samples: int = 20) -> float | None:
+    """Rewrite a committed folder's predictions (CSV, PNG, summary.json) with this zsim: the
+    measurements as they were measured, the predictions from the committed profiles."""
+    with (folder / "predicted_vs_measured.csv").open() as f:
+        rows = [r for r in csv.DictReader(f) if r["status"] == "ok"]
+    old = json.loads((folder / "summary.json").read_text())
+    context = old["context"]
+    compared = [compare(remeasured(folder, r), root / r["profile"], band_samples) for r in rows]
+    title = f"{context['model_spec']} on {context['requested_topology']}"
+    if context.get("emulated"):
+        rate, scale = context["emulated_rate_bps"], context.get("emulation_scale", 1.0)
+        title += f" (emulated at {rate * 8 / 1e6:.0f} Mbit/s, scale {scale:g})"
+    _, summary = write_results(compared, context, folder, title)
+    summary["emulation"] = old.get("emulation")
+    (folder / "summary.json").write_text(json.dumps(summary, indent=1))
+    mape: float | None = summary["mape_pct"]
+    return mape

@@ -17,7 +17,8 @@ import numpy as np
 
 from zsim.errors import InputError
 from zsim.memory import MemoryLedger, ledger
-from zsim.validate.phase_split import simulated_phases
+from zsim.step.phases import simulated_phases
+from zsim.validate.band import model_error, widened
 from zsim.validate.runner import Case, Measurement
 
 BAND_PERCENTILES = (5.0, 95.0)
@@ -32,6 +33,7 @@ class Prediction:
     memory: MemoryLedger
     band_samples: int  # profiles simulated for the band (0: none, low = high = step time)
     phases: dict[str, float] = field(default_factory=dict)  # rank 0's (`phase_split`)
+    model_error: float = 0.0  # the band's model part, relative (`band.model_error`)
 
 
 class PredictionUnavailable(Exception):
@@ -53,7 +55,8 @@ def _simulator() -> Simulate:
 def predict(case: Case, profile_path: Path | None, band_samples: int = 20) -> Prediction:
     """Simulate `case` on the cluster it ran on, with the calibrated profile at `profile_path`;
     the band is the 5th-95th percentile over `band_samples` profiles resampled from the
-    calibration's repeats."""
+    calibration's repeats, widened by the model's own error on held-out microbenchmarks
+    (`zsim.validate.band`)."""
     if profile_path is None:
         raise PredictionUnavailable("no --profile given (make one with `zsim calibrate`)")
     simulate = _simulator()
@@ -81,8 +84,21 @@ def predict(case: Case, profile_path: Path | None, band_samples: int = 20) -> Pr
         if samples
         else (step, step)
     )
+    critical = report.critical
+    error = model_error(_residuals(profile_path), critical.compute_s, critical.exposed_comm_s, step)
+    low, high = widened(min(low, step), max(high, step), error)
     phases = simulated_phases(report.engine.all_spans(), 0, step)
-    return Prediction(step, min(low, step), max(high, step), report.memory, len(samples), phases)
+    return Prediction(step, low, high, report.memory, len(samples), phases, error)
+
+
+def _residuals(profile_path: Path) -> tuple[Any, ...]:
+    """The profile's fit residuals (held-out ones among them), none for a bare profile."""
+    from zsim.calibrate.profile import load_calibration
+
+    try:
+        return load_calibration(profile_path).residuals
+    except InputError:
+        return ()
 
 
 # ---- rows -----------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ def row(c: Compared, context: dict[str, Any]) -> dict[str, Any]:
         "predicted_step_s": p.step_time_s if p else None,
         "predicted_low_s": p.low_s if p else None,
         "predicted_high_s": p.high_s if p else None,
+        "band_model_error_pct": 100 * p.model_error if p else None,
         "step_error_pct": c.step_error_pct,
         "prediction_note": c.prediction_note,
         "measured_samples_per_s": m.samples_per_s,

@@ -27,7 +27,7 @@ from zsim.testbed import procs, torchrun
 from zsim.testbed.emulate import NODE_DEV, EmulatedCluster, LinkEmulation
 from zsim.testbed.emulation_plan import EmulationPlan, emulated
 from zsim.validate.phase_split import measured_phases, median_over_launches
-from zsim.workload.ds_config import to_ds_config
+from zsim.workload.ds_config import to_training_ds_config
 from zsim.workload.model import ModelSpec
 from zsim.workload.parallel import ParallelConfig, Precision
 
@@ -108,11 +108,8 @@ class Measurement:
 
 
 def ds_config(cfg: ParallelConfig) -> dict[str, Any]:
-    """`to_ds_config`, with DeepSpeed's torch Adam (runs on CPU) and its logging quiet."""
-    ds = to_ds_config(cfg)
-    ds["optimizer"] = {"type": "Adam", "params": {"lr": 1e-4, "torch_adam": True}}
-    ds["steps_per_print"] = 1 << 30
-    return ds
+    """The DeepSpeed config a case trains with (`to_training_ds_config`)."""
+    return to_training_ds_config(cfg)
 
 
 def worker_input(case: Case, collective_timeout_s: float) -> dict[str, Any]:
@@ -186,7 +183,7 @@ def run_case(
             status, detail = _status(ended, case.timeout_s)
         except OSError as exc:
             status, detail = Status.LAUNCH_ERROR, f"{type(exc).__name__}: {exc}"
-    return _collect(case, run_dir, status, detail, time.monotonic() - begin)
+    return collect(case, run_dir, status, detail, time.monotonic() - begin)
 
 
 def _status(ended: torchrun.Ended, timeout_s: float) -> tuple[Status, str]:
@@ -198,7 +195,7 @@ def _status(ended: torchrun.Ended, timeout_s: float) -> tuple[Status, str]:
     return Status.OK, ""
 
 
-def _collect(case: Case, run_dir: Path, status: Status, detail: str, wall_s: float) -> Measurement:
+def collect(case: Case, run_dir: Path, status: Status, detail: str, wall_s: float) -> Measurement:
     """The result rank 0 wrote, or the reason there is none."""
     ranks = _rank_records(run_dir)
     errors = [r for r in ranks if not r.get("ok", False)]

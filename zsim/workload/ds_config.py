@@ -226,3 +226,12 @@ def to_ds_config(cfg: ParallelConfig) -> dict[str, Any]:
     if cfg.precision.mixed:
         ds[str(cfg.precision)] = {"enabled": True}
     return ds
+
+
+def to_training_ds_config(cfg: ParallelConfig) -> dict[str, Any]:
+    """`to_ds_config` as zsim's real runs train with it: DeepSpeed's torch Adam (it runs on
+    CPU ranks too) and its step logging quiet."""
+    ds = to_ds_config(cfg)
+    ds["optimizer"] = {"type": "Adam", "params": {"lr": 1e-4, "torch_adam": True}}
+    ds["steps_per_print"] = 1 << 30
+    return ds

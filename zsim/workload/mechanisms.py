@@ -20,6 +20,7 @@ class Mechanism(StrEnum):
     FP32_GRAD_ACCUMULATE = "fp32-grad-accumulate"
     GRAD_ACCUMULATE = "grad-accumulate"
     GATHER_COPY_OUT = "gather-copy-out"
+    ENGINE_HOST = "engine-host"
 
 
 MECHANISMS: dict[Mechanism, str] = {
@@ -39,6 +40,8 @@ MECHANISMS: dict[Mechanism, str] = {
     "into .grad with ZeRO-0/1 (off: free)",
     Mechanism.GATHER_COPY_OUT: "ZeRO-3's copy of a coalesced gather into its parameters "
     "(torch.cat on the gather stream; off: views)",
+    Mechanism.ENGINE_HOST: "DeepSpeed's own host time per engine call on CPU ranks, measured "
+    "by zsim calibrate (off: none)",
 }
 
 

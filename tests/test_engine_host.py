@@ -1,0 +1,83 @@
+"""DeepSpeed's own host time per engine call on CPU ranks: read off the tiny steps by
+subtracting what the simulator already charges, then charged once per call."""
+
+from dataclasses import replace
+
+import pytest
+
+from zsim.calibrate.engine_fit import engine_host_s, tiny_case, tiny_model
+from zsim.calibrate.measurement import Kind, Measurement
+from zsim.calibrate.profile import load_profile
+from zsim.inputs import presets
+from zsim.simulation import simulate
+from zsim.step.phases import simulated_phases
+from zsim.workload.mechanisms import Mechanism
+from zsim.workload.model_presets import preset
+from zsim.workload.parallel import ParallelConfig, Precision, ZeroStage
+
+PROFILE = load_profile("calibration/cpu-2rank.json")
+TOPOLOGY = "1x2-cpu"
+HOST = {"forward": 0.004, "backward": 0.007, "step": 0.003}  # injected, seconds per call
+PER_TENSOR = {"forward": 0.0, "backward": 0.0, "step": 0.0005}  # and per parameter tensor
+
+
+def rows_with(call, per_tensor, stage=3):
+    """Tiny steps that take what the simulator charges plus the injected host time."""
+    bare = replace(PROFILE, engine_host_s={})
+    topo = presets.topology(TOPOLOGY)
+    rows = []
+    for layers in (8, 16):
+        report = simulate(tiny_model(layers), tiny_case(stage, topo.world_size), topo, bare)
+        phases = simulated_phases(report.engine.all_spans(), 0, report.step_time_s)
+        for p in call:
+            t = phases[p] + call[p] + per_tensor[p] * layers  # one tensor per tiny layer
+            row = Measurement(Kind.ENGINE_HOST, f"z{stage}.{p}", "fp32", (t,) * 5, params=layers)
+            rows.append(row)
+    return rows
+
+
+def off(cfg):
+    return replace(cfg, without=frozenset({Mechanism.ENGINE_HOST}))
+
+
+def test_the_host_time_is_what_the_tiny_step_takes_beyond_the_simulation():
+    found = engine_host_s(PROFILE, rows_with(HOST, PER_TENSOR), TOPOLOGY)
+    expected = {f"z3.{p}": s for p, s in HOST.items()}
+    expected |= {f"z3.{p}_per_tensor": s for p, s in PER_TENSOR.items()}
+    assert found == pytest.approx(expected, abs=1e-9)
+
+
+def test_a_tiny_step_faster_than_simulated_leaves_no_negative_host_time():
+    found = engine_host_s(PROFILE, rows_with({"forward": -0.001}, {"forward": 0.0}), TOPOLOGY)
+    assert found == {"z3.forward": 0.0, "z3.forward_per_tensor": 0.0}
+
+
+@pytest.mark.parametrize("stage", [0, 1, 3])
+def test_each_engine_call_pays_its_host_time_once(stage):
+    """grad_accum micro-batches: each calls engine(x) and engine.backward once; one
+    engine.step: the step grows by 2 x (forward + backward) + step, the step's part per
+    tensor times the toy MLP's 16 tensors (8 weights of 4096^2, 8 biases of 4096); under
+    ZeRO-3 only the 8 persistent ones, the biases (on one CPU thread)."""
+    costs = {f"z{stage}.{p}": s for p, s in HOST.items()} | {f"z{stage}.step_per_tensor": 1e-4}
+    host = replace(PROFILE, engine_host_s=costs)
+    model = preset("toy-mlp")
+    cfg = ParallelConfig(
+        dp=2, zero_stage=ZeroStage(stage), micro_batch=4, grad_accum=2, precision=Precision.FP32
+    )
+    topo = presets.topology(TOPOLOGY)
+    with_host = simulate(model, cfg, topo, host).step_time_s
+    without = simulate(model, off(cfg), topo, host).step_time_s
+    tensors = 8 if stage == 3 else 16
+    expected = 2 * (HOST["forward"] + HOST["backward"]) + HOST["step"] + tensors * 1e-4
+    assert with_host - without == pytest.approx(expected, rel=1e-6)
+
+
+def test_gpus_and_pipelines_pay_none():
+    host = replace(PROFILE, engine_host_s={"z1.forward": 1.0})
+    model = preset("toy-mlp")
+    cfg = ParallelConfig(dp=1, pp=2, zero_stage=ZeroStage(1), micro_batch=4, grad_accum=4,
+                         precision=Precision.FP32)  # fmt: skip
+    topo = presets.topology(TOPOLOGY)
+    with_host = simulate(model, cfg, topo, host).step_time_s
+    without = simulate(model, off(cfg), topo, host).step_time_s
+    assert with_host == without

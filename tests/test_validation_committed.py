@@ -1,0 +1,30 @@
+"""The committed validation runs (real DeepSpeed steps on this machine) against this zsim's
+predictions from the committed profiles: the loop's accuracy cannot regress unseen. The
+measured steps are the independent values; the predictions use microbenchmarks only."""
+
+from pathlib import Path
+
+import pytest
+
+from zsim.validate.committed import repredicted
+
+ROOT = Path(__file__).resolve().parents[1]
+FOLDERS = sorted(p.parent for p in (ROOT / "benchmarks" / "validation").glob("*/summary.json"))
+MAPE_LIMIT_PCT = 10.0  # issue 15: the whole loop's MAPE must not pass 10 %
+
+
+@pytest.fixture(scope="module")
+def committed():
+    return [c for folder in FOLDERS for c in repredicted(folder, ROOT)]
+
+
+def test_every_layout_of_the_loop_is_committed(committed):
+    layouts = {(c.case.nodes, c.case.ranks_per_node) for c in committed}
+    assert layouts >= {(1, 2), (1, 4), (2, 2), (2, 4)}
+    assert len(committed) >= 13
+
+
+def test_the_loop_mape_stays_within_its_limit(committed):
+    errors = {f"{c.profile.stem}/{c.case.name}": round(c.error_pct, 1) for c in committed}
+    mape = sum(abs(e) for e in errors.values()) / len(errors)
+    assert mape <= MAPE_LIMIT_PCT, errors

@@ -1,0 +1,38 @@
+"""A simulated step cut where DeepSpeed's calls cut a real one: `engine(x)` (forward),
+`engine.backward` (backward and every gradient reduction), `engine.step` (the norm, the
+optimizer, ZeRO-1/2's parameter all-gather). The cuts fall at the first backward kernel and at
+the optimizer's first task; "comm" is the time in collectives' spans within each phase (on a
+CPU rank every collective blocks the thread that calls it). Read by the validation's phase
+table (`zsim.validate.phase_split`) and by calibration's engine host time
+(`zsim.calibrate.engine_fit`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from zsim.step.builder import ENGINE_STEP_HOST
+from zsim.step.spans import Span
+
+STEP_STARTS = (ENGINE_STEP_HOST, "grad_norm", "step_prepare", "optimizer_step")
+COMM_CATEGORIES = ("grad_reduce", "param_gather")
+
+
+def simulated_phases(spans: Iterable[Span], rank: int, end_s: float) -> dict[str, float]:
+    """forward/backward/step seconds and `<phase>_comm` seconds of `rank`'s simulated step."""
+    mine = sorted((s for s in spans if s.rank == rank), key=lambda s: s.start_s)
+    backward = min((s.start_s for s in mine if s.category == "backward"), default=end_s)
+    step = min((s.start_s for s in mine if s.name in STEP_STARTS), default=end_s)
+    cuts = {"forward": (0.0, backward), "backward": (backward, step), "step": (step, end_s)}
+    out = {p: hi - lo for p, (lo, hi) in cuts.items()}
+    for phase, (lo, hi) in cuts.items():
+        out[f"{phase}_comm"] = sum(
+            max(0.0, min(s.end_s, hi) - max(s.start_s, lo)) for s in mine if _is_transfer(s)
+        )
+    return out
+
+
+def _is_transfer(span: Span) -> bool:
+    """A collective's own span: not the norm kernel of the reduction category, nor ZeRO-3's
+    copy of a gathered buffer into its parameters."""
+    in_comm = span.category in COMM_CATEGORIES
+    return in_comm and span.name != "grad_norm" and not span.name.endswith("copy_out")
