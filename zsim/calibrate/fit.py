@@ -166,10 +166,13 @@ def fitted_rows(rows: Sequence[Measurement], info: Mapping[str, Any]) -> list[Me
 
 def fitted_ids(rows: Sequence[Measurement], cache_bytes: float) -> frozenset[int]:
     """Indices of the rows the fit uses: `_regime` of each kernel sweep (GEMMs, memory-bound
-    kernels, each optimizer), every other row."""
+    kernels, each optimizer), every other row but the ping-pongs (floors) and the tiny
+    engine steps (read off, `engine_fit`): no model predicts those."""
     chosen: set[int] = set()
     sweeps: dict[tuple[Kind, str, str], list[int]] = {}
     for i, r in enumerate(rows):
+        if r.kind in (Kind.PINGPONG, Kind.ENGINE_HOST):
+            continue
         if r.kind in (Kind.GEMM, Kind.MEMORY, Kind.OPTIMIZER):
             op = r.op if r.kind is Kind.OPTIMIZER else ""
             sweeps.setdefault((r.kind, op, r.dtype), []).append(i)

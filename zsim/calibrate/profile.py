@@ -89,12 +89,8 @@ def _per_op(where: str, value: Any) -> dict[str, float]:
     return out
 
 
-ENGINE_CALLS = tuple(
-    f"z{s}.{p}{unit}"
-    for s in range(4)
-    for p in ("forward", "backward", "step")
-    for unit in ("", "_per_tensor")
-)
+PHASES = ("forward", "backward", "step")
+ENGINE_CALLS = tuple(f"z{s}.{p}{u}" for s in range(4) for p in PHASES for u in ("", "_per_tensor"))
 
 
 def _keyed(where: str, value: Any, keys: Sequence[str]) -> dict[str, float]:

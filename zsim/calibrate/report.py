@@ -57,8 +57,10 @@ def summary_rows(cal: Calibration) -> list[tuple[str, str]]:
         rows.append(("page faults (gloo)", shown))
     for op, call_s in sorted(p.op_call_s.items()):
         rows.append((f"{op} own call (gloo)", f"{call_s * 1e6:.1f} us"))
-    for call, seconds in p.engine_host_s.items():
-        rows.append((f"DeepSpeed {call} host (per call)", f"{seconds * 1e3:.2f} ms"))
+    for key, seconds in p.engine_host_s.items():
+        call, per_tensor = key.removesuffix("_per_tensor"), key.endswith("_per_tensor")
+        unit = "per parameter tensor" if per_tensor else "per call"
+        rows.append((f"DeepSpeed {call} host ({unit})", f"{seconds * 1e3:.2f} ms"))
     for op, s_per_byte in sorted(p.op_s_per_byte.items()):
         rows.append((f"{op} own CPU (gloo)", f"{s_per_byte * 1e9:.3f} ns per byte moved"))
     for cls, link in p.links.items():

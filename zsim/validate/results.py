@@ -59,8 +59,8 @@ def row(c: Compared, context: dict[str, Any]) -> dict[str, Any]:
             error_pct(want, got) if got is not None and not math.isnan(want) else None
         )
     for phase in PHASE_COLUMNS:
-        out[f"measured_{phase}_s"] = (m.phases or {}).get(phase)
-        out[f"predicted_{phase}_s"] = p.phases.get(phase) if p else None
+        out[f"measured_phase_{phase}_s"] = (m.phases or {}).get(phase)
+        out[f"predicted_phase_{phase}_s"] = p.phases.get(phase) if p else None
     out["measured_other_bytes"] = (m.held_bytes or {}).get("other")
     out["measured_peak_rss_bytes"] = m.peak_rss_bytes
     out["measured_max_memory_allocated_bytes"] = m.max_memory_allocated_bytes

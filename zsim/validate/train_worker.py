@@ -93,24 +93,28 @@ class MemoryProbe:
         }
 
 
-def train(case: dict[str, Any]) -> dict[str, Any]:
-    spec = model_from(case["model"])
-    ds_config = case["ds_config"]
-    device = case["device"]
-    torch.manual_seed(case.get("seed", 1234))
+def _engine(spec: ModelSpec, ds_config: dict[str, Any], seed: int) -> Any:
+    torch.manual_seed(seed)
     model = torchmodels.build(spec)
     engine, *_ = deepspeed.initialize(
         model=model, model_parameters=model.parameters(), config=ds_config
     )
+    return engine
+
+
+def train(case: dict[str, Any]) -> dict[str, Any]:
+    spec = model_from(case["model"])
+    ds_config = case["ds_config"]
+    device = case["device"]
+    engine = _engine(spec, ds_config, case.get("seed", 1234))
     dtype = next(engine.module.parameters()).dtype
-    where = engine.device
     micro = int(ds_config["train_micro_batch_size_per_gpu"])
     accum = int(ds_config["gradient_accumulation_steps"])
-    x, y = torchmodels.batch(spec, micro, dtype=dtype, device=where)
+    x, y = torchmodels.batch(spec, micro, dtype=dtype, device=engine.device)
     probe = MemoryProbe(engine)
     clock = PhaseClock()
-    if device == "cpu":  # on CUDA the wall clocks around kernels and collectives mean nothing
-        clock.instrument(ds_comm.cdb)  # the backend object deepspeed.comm calls
+    if device == "cpu":  # on CUDA wall clocks around kernels and collectives mean nothing
+        clock.instrument(ds_comm.cdb)
 
     def step(saved: SavedTensors | None = None) -> None:
         for micro_step in range(accum):
@@ -154,13 +158,17 @@ def train(case: dict[str, Any]) -> dict[str, Any]:
         "max_memory_allocated_bytes": (
             torch.cuda.max_memory_allocated() if device == "cuda" else None
         ),
-        "engine": {
-            "optimizer": type(engine.optimizer).__name__,
-            "basic_optimizer": type(engine.basic_optimizer).__name__
-            if engine.basic_optimizer is not None
-            else None,
-            "dtype": str(dtype).removeprefix("torch."),
-        },
+        "engine": _engine_kind(engine, dtype),
+    }
+
+
+def _engine_kind(engine: Any, dtype: torch.dtype) -> dict[str, Any]:
+    """Which optimizer classes the engine chose, and its dtype."""
+    basic = engine.basic_optimizer
+    return {
+        "optimizer": type(engine.optimizer).__name__,
+        "basic_optimizer": type(basic).__name__ if basic is not None else None,
+        "dtype": str(dtype).removeprefix("torch."),
     }
 
 
