@@ -14,12 +14,16 @@ be otherwise idle. --reuse-profiles validates with the committed profiles instea
 from __future__ import annotations
 
 import argparse
-import csv
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from summarize import (  # this folder's script: run as a script, it is on the path
+    case_rows,
+    mape_pct,
+)
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -82,16 +86,6 @@ def run(layout: Layout, reuse: bool, calibrate_only: bool) -> None:
          *layout.validate, "--out", out)  # fmt: skip
 
 
-def overall_mape(folders: list[str]) -> float:
-    errors = [
-        abs(float(r["step_error_pct"]))
-        for f in folders
-        for r in csv.DictReader((HERE / f / "predicted_vs_measured.csv").open())
-        if r["step_error_pct"]
-    ]
-    return sum(errors) / len(errors)
-
-
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layouts", default=",".join(LAYOUTS))
@@ -111,7 +105,7 @@ def main(argv: list[str]) -> int:
         run(LAYOUTS[name], args.reuse_profiles, args.calibrate_only)
     summarize = [sys.executable, str(HERE / "summarize.py"), "--write"]
     subprocess.run(summarize + (["--repredict"] if args.calibrate_only else []), check=True)
-    mape = overall_mape([LAYOUTS[n].folder for n in LAYOUTS])
+    mape = mape_pct(case_rows([HERE / LAYOUTS[n].folder for n in LAYOUTS]))
     print(f"[loop] MAPE over every committed case: {mape:.1f}% (limit {MAPE_LIMIT_PCT:.0f}%)")
     return 0 if mape <= MAPE_LIMIT_PCT else 1
 

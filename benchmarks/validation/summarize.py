@@ -86,16 +86,25 @@ def phase_table(rows: list[dict[str, str]]) -> list[str]:
     return [*lines, ""]
 
 
-def overall(folders: list[Path]) -> str:
-    """The MAPE, the median signed error and the band's coverage over every case."""
-    rows = [
+def case_rows(folders: list[Path]) -> list[dict[str, str]]:
+    """The CSV rows of every folder's cases that have both numbers."""
+    return [
         r
         for f in folders
         for r in csv.DictReader((f / "predicted_vs_measured.csv").open())
         if r["step_error_pct"]
     ]
+
+
+def mape_pct(rows: list[dict[str, str]]) -> float:
+    return sum(abs(float(r["step_error_pct"])) for r in rows) / len(rows)
+
+
+def overall(folders: list[Path]) -> str:
+    """The MAPE, the median signed error and the band's coverage over every case."""
+    rows = case_rows(folders)
     errors = sorted(float(r["step_error_pct"]) for r in rows)
-    mape = sum(abs(e) for e in errors) / len(errors)
+    mape = mape_pct(rows)
     median = statistics.median(errors)
     inside = sum(
         float(r["predicted_low_s"]) <= float(r["measured_step_s"]) <= float(r["predicted_high_s"])

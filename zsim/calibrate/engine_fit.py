@@ -8,7 +8,6 @@ simulator charges them once per call on a CPU rank (`DeviceProfile.engine_host_s
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -54,7 +53,7 @@ def engine_host_s(
         simulated = simulated_phases(report.engine.all_spans(), 0, report.step_time_s)
         for r in measured:
             if r.op.startswith(f"z{stage}.") and r.params == layers:
-                beyond = statistics.median(r.samples_s) - simulated[r.op.split(".")[1]]
+                beyond = r.median_s - simulated[r.op.split(".")[1]]
                 extra.setdefault(r.op, []).append((layers, beyond))
     out = {}
     for call, points in extra.items():

@@ -23,12 +23,12 @@ import torch.distributed as dist
 
 from zsim.calibrate.engine_fit import LAYERS, MICRO_BATCH, tiny_case, tiny_model
 from zsim.calibrate.measurement import Kind, Measurement
+from zsim.step.phases import PHASES
 from zsim.workload.ds_config import to_training_ds_config
 
 WARMUP_STEPS = 5
 STEPS = 15
 STAGES = (0, 1, 2, 3)
-PHASES = ("forward", "backward", "step")
 
 
 def ds_config(stage: int) -> dict[str, Any]:

@@ -71,13 +71,10 @@ def held_out_predictions(
             continue  # the fold took a kind's last rows a fit needs: no score from it
         topo = apply_profile(presets.topology(str(topology)), profile) if topology else None
         for i in fold:
-            row = rows[i]
-            if row.kind is Kind.COLLECTIVE and topo is None:
-                continue
             try:
-                out[i] = simulated_s(profile, topo, row)
+                out[i] = simulated_s(profile, topo, rows[i])
             except (KeyError, ValueError):
-                continue  # a row the refitted profile has no rate for
+                continue  # a row the refitted profile has no rate for, or no topology
     return out
 
 

@@ -32,6 +32,7 @@ from zsim.cluster.device import ComputeRates, DeviceProfile, LayerTime, LinkFit
 from zsim.errors import InputError, require
 from zsim.inputs.files import load_json
 from zsim.network.collective import CollectiveOp
+from zsim.step.phases import PHASES
 
 FORMAT_VERSION = 1
 
@@ -81,15 +82,9 @@ def _mapping(where: str, value: Any) -> dict[str, Any]:
 
 def _per_op(where: str, value: Any) -> dict[str, float]:
     """A mapping from collective op names to non-negative numbers."""
-    out = _mapping(where, value)
-    ops = [str(op) for op in CollectiveOp]
-    for k, v in out.items():
-        require(k in ops, where, k, f"one of {ops}")
-        out[k] = _number(f"{where}.{k}", v, allow_zero=True)
-    return out
+    return _keyed(where, value, [str(op) for op in CollectiveOp])
 
 
-PHASES = ("forward", "backward", "step")
 ENGINE_CALLS = tuple(f"z{s}.{p}{u}" for s in range(4) for p in PHASES for u in ("", "_per_tensor"))
 
 

@@ -98,8 +98,9 @@ class DeviceProfile:
     op_s_per_byte: Mapping[str, float] = field(default_factory=dict)
     # fitted CPU seconds per call of each gloo op beyond call_latency_s (fabric.LocalWork.op_call_s)
     op_call_s: Mapping[str, float] = field(default_factory=dict)
-    # DeepSpeed's own host seconds per call beyond what the simulator charges, by "z<stage>.
-    # <phase>" (forward, backward, step): calibrate.engine_host, CPU ranks only
+    # DeepSpeed's own host seconds beyond what the simulator charges, per call ("z<stage>.
+    # <phase>": forward, backward, step) and per parameter tensor ("..._per_tensor"):
+    # calibrate.engine_fit, CPU ranks only
     engine_host_s: Mapping[str, float] = field(default_factory=dict)
     backend: str = "nccl"  # "gloo" for CPU ranks: collectives and stream semantics differ
     notes: tuple[str, ...] = ()

@@ -56,6 +56,12 @@ class StageJob:
         """A gather's output: each rank's shard is ceil(n / dp) elements."""
         return -(-numel // self.cfg.dp) * self.cfg.dp
 
+    def persistent_tensors(self) -> list[ParamTensor]:
+        """ZeRO-3's persistent tensors: never partitioned, gathered after every step
+        (`stage3_param_persistence_threshold`, elements per TP rank)."""
+        limit = self.cfg.knobs.param_persistence_threshold
+        return [t for t in self.tensors() if t.per_rank(self.cfg.tp) <= limit]
+
     def engine_host_s(self, phase: str) -> float:
         """DeepSpeed's own host seconds per `engine(x)`, `engine.backward` or `engine.step`
         call on a CPU rank: the profile's measured cost per call plus its cost per parameter
@@ -69,10 +75,8 @@ class StageJob:
             return 0.0
         host = self.device.engine_host_s
         call = f"z{int(cfg.zero_stage)}.{phase}"
-        tensors = self.tensors()
-        if cfg.zero_stage is ZeroStage.PARAMETERS:  # the tiny layers' are all persistent
-            limit = cfg.knobs.param_persistence_threshold
-            tensors = [t for t in tensors if t.per_rank(cfg.tp) <= limit]
+        zero3 = cfg.zero_stage is ZeroStage.PARAMETERS  # the tiny layers' are all persistent
+        tensors = self.persistent_tensors() if zero3 else self.tensors()
         return host.get(call, 0.0) + host.get(f"{call}_per_tensor", 0.0) * len(tensors)
 
     def activation_bytes(self) -> float:

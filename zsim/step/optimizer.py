@@ -79,8 +79,6 @@ def post_step_gather(job: StageJob, writer: ProgramWriter, deps: list[Task]) -> 
         comm = Comm(CollectiveOp.ALL_GATHER, numel * d, Group.DP)
         writer.comm("param_allgather", comm, Category.PARAM_GATHER, deps)
         return
-    threshold = cfg.knobs.param_persistence_threshold
-    for t in job.tensors():
-        if t.per_rank(cfg.tp) <= threshold:
-            comm = Comm(CollectiveOp.ALL_GATHER, job.padded(t.per_rank(cfg.tp)) * d, Group.DP)
-            writer.comm("persistent_gather", comm, Category.PARAM_GATHER, deps, Stream.GATHER)
+    for t in job.persistent_tensors():
+        comm = Comm(CollectiveOp.ALL_GATHER, job.padded(t.per_rank(cfg.tp)) * d, Group.DP)
+        writer.comm("persistent_gather", comm, Category.PARAM_GATHER, deps, Stream.GATHER)

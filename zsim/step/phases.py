@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from zsim.step.builder import ENGINE_STEP_HOST
 from zsim.step.spans import Span
 
+PHASES = ("forward", "backward", "step")  # DeepSpeed's calls: engine(x), .backward, .step
 STEP_STARTS = (ENGINE_STEP_HOST, "grad_norm", "step_prepare", "optimizer_step")
 COMM_CATEGORIES = ("grad_reduce", "param_gather")
 
@@ -23,7 +24,7 @@ def simulated_phases(spans: Iterable[Span], rank: int, end_s: float) -> dict[str
     backward = min((s.start_s for s in mine if s.category == "backward"), default=end_s)
     step = min((s.start_s for s in mine if s.name in STEP_STARTS), default=end_s)
     cuts = {"forward": (0.0, backward), "backward": (backward, step), "step": (step, end_s)}
-    out = {p: hi - lo for p, (lo, hi) in cuts.items()}
+    out = {p: hi - lo for p, (lo, hi) in cuts.items()}  # keyed by PHASES
     for phase, (lo, hi) in cuts.items():
         out[f"{phase}_comm"] = sum(
             max(0.0, min(s.end_s, hi) - max(s.start_s, lo)) for s in mine if _is_transfer(s)

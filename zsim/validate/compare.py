@@ -60,17 +60,18 @@ def predict(case: Case, profile_path: Path | None, band_samples: int = 20) -> Pr
     if profile_path is None:
         raise PredictionUnavailable("no --profile given (make one with `zsim calibrate`)")
     simulate = _simulator()
-    from zsim.calibrate.profile import load_profile, sample_profiles
+    from zsim.calibrate.profile import load_calibration, sample_profiles
     from zsim.inputs import presets
 
     topology = presets.topology(case.topology)
     try:
-        report = simulate(case.model, case.parallel, topology, load_profile(profile_path))
+        calibration = load_calibration(profile_path)
+        report = simulate(case.model, case.parallel, topology, calibration.profile)
         step = float(report.step_time_s)
         samples: list[float] = []
         if band_samples > 0:
             try:
-                profiles = sample_profiles(profile_path, band_samples, seed=0)
+                profiles = sample_profiles(calibration, band_samples, seed=0)
             except InputError:  # a profile without raw measurements: no band
                 profiles = []
             samples = [
@@ -85,20 +86,11 @@ def predict(case: Case, profile_path: Path | None, band_samples: int = 20) -> Pr
         else (step, step)
     )
     critical = report.critical
-    error = model_error(_residuals(profile_path), critical.compute_s, critical.exposed_comm_s, step)
+    residuals = calibration.residuals  # held-out ones among them
+    error = model_error(residuals, critical.compute_s, critical.exposed_comm_s, step)
     low, high = widened(min(low, step), max(high, step), error)
     phases = simulated_phases(report.engine.all_spans(), 0, step)
     return Prediction(step, low, high, report.memory, len(samples), phases, error)
-
-
-def _residuals(profile_path: Path) -> tuple[Any, ...]:
-    """The profile's fit residuals (held-out ones among them), none for a bare profile."""
-    from zsim.calibrate.profile import load_calibration
-
-    try:
-        return load_calibration(profile_path).residuals
-    except InputError:
-        return ()
 
 
 # ---- rows -----------------------------------------------------------------------------------

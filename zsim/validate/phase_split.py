@@ -16,7 +16,7 @@ import statistics
 from collections.abc import Mapping
 from typing import Any
 
-from zsim.validate.phases import PHASES
+from zsim.step.phases import PHASES
 
 
 def measured_phases(per_rank: list[Mapping[str, Any]], rank: int = 0) -> dict[str, float]:

@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from zsim.step.phases import PHASES
+
 TIMED_OPS = (
     "all_reduce",
     "inference_all_reduce",
@@ -36,7 +38,6 @@ TIMED_OPS = (
     "isend",
     "irecv",
 )
-PHASES = ("forward", "backward", "step")
 
 
 class _TimedWork:

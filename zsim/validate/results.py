@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from zsim.step.phases import PHASES
 from zsim.testbed.emulate import LinkEmulation
 from zsim.validate import plots
 from zsim.validate.compare import MEMORY_CATEGORIES, Compared, error_pct, mape
-from zsim.validate.phases import PHASES
 from zsim.validate.runner import Status
 
 PHASE_COLUMNS = (*PHASES, *(f"{p}_comm" for p in PHASES))
