@@ -8,7 +8,7 @@ import pytest
 from tests.calibrate_synthetic import row_of
 from zsim.calibrate.fit import residuals
 from zsim.calibrate.measurement import Kind, Measurement, merge, merge_launches
-from zsim.calibrate.plan import Plan, default_plan
+from zsim.calibrate.plan import Plan, default_plan, layer_tp_degrees
 from zsim.errors import InputError
 from zsim.workload.model_presets import preset, with_overrides
 
@@ -24,11 +24,25 @@ def test_plan_survives_json():
         quick=False,
         topology="1x2-cpu",
         link_classes={"intra": "loopback"},
+        tp_degrees=(1, 2),
     )
     assert Plan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
     # the model's own GEMMs, forward and backward, are in the sweep
     assert (128, 2304, 768, 1) in plan.gemm_shapes
     assert (768, 2304, 128, 1) in plan.gemm_shapes  # the qkv weight gradient
+
+
+def test_tp_shards_add_megatrons_split_gemms_and_only_where_tp_divides():
+    """Megatron splits qkv's and fc1's outputs and fc2's input by tp: at tp 2 one rank's qkv
+    is (tokens, 3 h / 2, h) and its fc2 (tokens, h, f / 2)."""
+    model = with_overrides(preset("gpt-125m"), layers=2, seq_len=128)
+    assert layer_tp_degrees(model, (1, 2, 5)) == (1, 2)  # 5 divides neither 12 heads nor 3072
+    assert layer_tp_degrees(preset("toy-mlp"), (1, 2)) == (1,)
+    whole = default_plan("cpu", "fp32", (model,), (1,), quick=True).gemm_shapes
+    split = default_plan("cpu", "fp32", (model,), (1,), quick=True, tp_degrees=(2,)).gemm_shapes
+    for shard in ((128, 3 * 768 // 2, 768, 1), (128, 768, 3072 // 2, 1)):
+        assert shard in split
+        assert shard not in whole
 
 
 def test_launches_share_the_plans_rounds_samples_and_time():

@@ -14,6 +14,7 @@ import csv
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,21 @@ def test_a_failing_case_is_reported_and_the_others_kept(tmp_path: Path) -> None:
     assert good.step_time_s > 0
     assert len(good.step_times_s) == 2
     assert _none_left(str(tmp_path))
+
+
+def test_launches_run_in_rounds_over_the_cases(tmp_path: Path) -> None:
+    """Launch 0 of every case before launch 1 of any: a slow spell of the host falls on one
+    launch of several cases, not on every launch of one."""
+    cases = [replace(_case(name), launches=2) for name in ("a", "b")]
+    measured, _ = runner.run_all(cases, tmp_path)
+    assert all(m.status is Status.OK for m in measured)
+    assert all(m.detail.startswith("median of 2 launches") for m in measured)
+    started = {
+        (launch, name): (tmp_path / f"launch{launch}" / "runs" / name / "case.json").stat()
+        for launch in (0, 1)
+        for name in ("a", "b")
+    }
+    assert started[(0, "b")].st_mtime_ns < started[(1, "a")].st_mtime_ns
 
 
 def test_a_crash_after_every_rank_reported_keeps_the_measurement(tmp_path: Path) -> None:

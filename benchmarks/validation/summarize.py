@@ -29,6 +29,12 @@ def _ms(text: str) -> str:
     return "n/a" if text in ("", None) else f"{1e3 * float(text):.1f}"
 
 
+def _layout(row: dict[str, str]) -> str:
+    """ " (tp 2)" or " (pp 2)" beyond pure data parallelism (older rows have no such column)."""
+    split = [f"{k} {row[k]}" for k in ("tp", "pp") if int(row.get(k) or 1) > 1]
+    return f" ({', '.join(split)})" if split else ""
+
+
 def table(folder: Path) -> list[str]:
     rows = list(csv.DictReader((folder / "predicted_vs_measured.csv").open()))
     summary = json.loads((folder / "summary.json").read_text())
@@ -36,7 +42,7 @@ def table(folder: Path) -> list[str]:
     lines = [
         f"### {folder.name}",
         "",
-        f"topology `{rows[0]['topology']}`, {rows[0]['world']} ranks, model "
+        f"topology `{rows[0]['topology']}`, {rows[0]['world']} ranks{_layout(rows[0])}, model "
         f"`{summary['context']['model_spec']}`, profile `{summary['context']['profile']}`"
         + (f", emulated: {json.dumps(emulation)}" if emulation else ""),
         "",

@@ -100,9 +100,13 @@ def attention(bench: Bench, model: ModelSpec) -> list[Measurement]:
     return rows
 
 
-def layer(bench: Bench, model: ModelSpec, kind: LayerKind, mb: int) -> list[Measurement]:
-    """Forward and backward of one module in training mode, as the training step runs it."""
-    module, forward, copies = _layer_forward(bench, model, kind, mb)
+def layer(
+    bench: Bench, model: ModelSpec, kind: LayerKind, mb: int, tp: int = 1
+) -> list[Measurement]:
+    """Forward and backward of one module in training mode, as the training step runs it;
+    at tp > 1 one rank's Megatron shard of it, compute only (its collectives are timed as
+    collectives)."""
+    module, forward, copies = _layer_forward(bench, model, kind, mb, tp)
     params = list(module.parameters())
 
     def step() -> tuple[float, float]:
@@ -132,7 +136,7 @@ def layer(bench: Bench, model: ModelSpec, kind: LayerKind, mb: int) -> list[Meas
     fwd = bench.max_over_ranks(sorted(v[0] for v in kept))
     bwd = bench.max_over_ranks(sorted(v[1] for v in kept))
     dropped = bench.sum_over_ranks(dropped)
-    key = layer_time_key(model, kind, mb, bench.plan.dtype, 1, bench.plan.flash_attention)
+    key = layer_time_key(model, kind, mb, bench.plan.dtype, tp, bench.plan.flash_attention)
     return [
         Measurement(
             Kind.LAYER_FORWARD,
@@ -158,7 +162,7 @@ def layer(bench: Bench, model: ModelSpec, kind: LayerKind, mb: int) -> list[Meas
 
 
 def _layer_forward(
-    bench: Bench, model: ModelSpec, kind: LayerKind, mb: int
+    bench: Bench, model: ModelSpec, kind: LayerKind, mb: int, tp: int = 1
 ) -> tuple[nn.Module, Callable[[], torch.Tensor], int]:
     """The module, a closure running its forward on a random micro-batch (the head includes
     the cross-entropy loss, as the simulator's head ops do), and how many layers it chains.
@@ -169,26 +173,20 @@ def _layer_forward(
     dev, dt = bench.device, bench.dtype
     tokens = (mb,) if model.kind is ModelKind.MLP else (mb, model.seq_len)
     if kind is LayerKind.EMBEDDING:
-        emb: nn.Module = torchmodels.Embedding(model).to(dev, dt).train()
+        emb = torchmodels.embedding_shard(model, tp).to(dev, dt).train()
         idx = torch.randint(0, model.vocab, tokens, device=dev)
         return emb, partial(emb, idx), 1
     if kind is LayerKind.HEAD:
-        embedding = torchmodels.Embedding(model)
-        head = torchmodels.Head(model, embedding)
-        both = nn.ModuleDict({"embedding": embedding, "head": head}).to(dev, dt).train()
+        both, head = torchmodels.head_shard(model, tp)
+        both = both.to(dev, dt).train()
         x = torch.randn(*tokens, model.hidden, device=dev, dtype=dt, requires_grad=True)
         targets = torch.randint(0, model.vocab, tokens, device=dev)
-
-        def loss() -> torch.Tensor:
-            return F.cross_entropy(head(x).flatten(0, 1), targets.flatten())
-
-        return both, loss, 1
-    layer = torchmodels.layer_module(model, kind, bench.plan.flash_attention)
+        return both, partial(head, x, targets), 1
+    flash = bench.plan.flash_attention
+    layer = torchmodels.layer_module(model, kind, flash, tp)
     layer_bytes = sum(p.numel() for p in layer.parameters()) * itemsize(bench.dtype)
     copies = max(1, min(model.layers, math.ceil(2 * bench.cache_bytes / max(layer_bytes, 1))))
-    layers = [layer] + [
-        torchmodels.layer_module(model, kind, bench.plan.flash_attention) for _ in range(copies - 1)
-    ]
+    layers = [layer] + [torchmodels.layer_module(model, kind, flash, tp) for _ in range(copies - 1)]
     module = nn.Sequential(*layers).to(dev, dt).train()
     x = torch.randn(*tokens, model.hidden, device=dev, dtype=dt, requires_grad=True)
     return module, lambda: module(x), copies

@@ -27,6 +27,7 @@ class Plan:
     dtype: str  # fp32, bf16 or fp16
     models: tuple[ModelSpec, ...] = ()
     micro_batches: tuple[int, ...] = (1, 2, 4)
+    tp_degrees: tuple[int, ...] = (1,)  # transformer layers are also timed as these TP shards
     flash_attention: bool = False
     gemm_shapes: tuple[tuple[int, int, int, int], ...] = ()
     memory_sizes_bytes: tuple[int, ...] = ()
@@ -76,6 +77,7 @@ class Plan:
         values["gemm_shapes"] = tuple(tuple(s) for s in d["gemm_shapes"])
         for name in (
             "micro_batches",
+            "tp_degrees",
             "memory_sizes_bytes",
             "host_copy_sizes_bytes",
             "adam_params",
@@ -103,15 +105,19 @@ def powers(start: int, stop: int, factor: int = 4) -> tuple[int, ...]:
 
 
 def model_gemm_shapes(
-    model: ModelSpec, micro_batches: tuple[int, ...], flash_attention: bool
+    model: ModelSpec,
+    micro_batches: tuple[int, ...],
+    flash_attention: bool,
+    tp_degrees: tuple[int, ...] = (1,),
 ) -> set[tuple[int, int, int, int]]:
     """The (m, n, k, batch) of every GEMM the simulator will time for `model`: the forward
-    GEMMs and their backward ones (`shapes.backward_ops`), at each micro-batch size."""
+    GEMMs and their backward ones (`shapes.backward_ops`), at each micro-batch size and TP
+    degree."""
     shapes: set[tuple[int, int, int, int]] = set()
     layers = {layer.kind: layer for layer in model.layer_list()}
-    for mb in micro_batches:
+    for mb, tp in ((mb, tp) for mb in micro_batches for tp in layer_tp_degrees(model, tp_degrees)):
         for layer in layers.values():
-            forward = forward_ops(model, layer, Shard(mb, flash_attention=flash_attention))
+            forward = forward_ops(model, layer, Shard(mb, tp, flash_attention=flash_attention))
             for op in (*forward, *backward_ops(forward)):
                 if op.kind is OpKind.GEMM:
                     shapes.add((*op.gemm_shape, op.gemm_batch))
@@ -141,6 +147,19 @@ def layer_kinds(model: ModelSpec) -> list[LayerKind]:
     return seen
 
 
+def layer_tp_degrees(model: ModelSpec, tp_degrees: tuple[int, ...]) -> tuple[int, ...]:
+    """The TP degrees a model's layers are timed at: 1 always; others for transformers whose
+    heads, kv-heads and ffn width they divide (an MLP's layers are never split)."""
+    if model.kind is not ModelKind.TRANSFORMER:
+        return (1,)
+    split = [
+        t
+        for t in tp_degrees
+        if t > 1 and not (model.heads % t or model.n_kv_heads % t or model.ffn_hidden % t)
+    ]
+    return (1, *sorted(set(split)))
+
+
 MAX_SWEEP_FLOPS = {"cpu": 2e10, "cuda": 1.2e12}
 """The largest GEMM a sweep times (model GEMMs above it are in their layers' times): the 2048^3
 square on a CPU; on a GPU the 8192^3 square, ~1.4 ms on an H200, where its bf16 rate tops out
@@ -159,6 +178,7 @@ def default_plan(
     quick: bool,
     flash_attention: bool = False,
     topology: str = "",
+    tp_degrees: tuple[int, ...] = (1,),
     link_classes: dict[str, str] | None = None,
     max_collective_bytes: int = 256 * 2**20,
     launches: int | None = None,
@@ -174,7 +194,7 @@ def default_plan(
     for model in models:  # the giant ones (a large vocabulary's logits) are timed as layers
         gemms |= {
             s
-            for s in model_gemm_shapes(model, micro_batches, flash_attention)
+            for s in model_gemm_shapes(model, micro_batches, flash_attention, tp_degrees)
             if 2.0 * s[0] * s[1] * s[2] * s[3] <= largest
         }
     mib = 2**20
@@ -183,6 +203,7 @@ def default_plan(
         dtype=dtype,
         models=models,
         micro_batches=micro_batches,
+        tp_degrees=tp_degrees,
         flash_attention=flash_attention,
         gemm_shapes=tuple(sorted(gemms, key=lambda s: (2 * s[0] * s[1] * s[2] * s[3], s))),
         # 64 B and 256 B: the fixed overhead alone; then from cache out to DRAM

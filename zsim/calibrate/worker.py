@@ -29,7 +29,7 @@ import torch.distributed as dist
 from zsim.calibrate import engine_host, micro, pingpong
 from zsim.calibrate.bench import Bench, last_level_cache_bytes
 from zsim.calibrate.measurement import Measurement, merge
-from zsim.calibrate.plan import PROGRESS, Plan, layer_kinds
+from zsim.calibrate.plan import PROGRESS, Plan, layer_kinds, layer_tp_degrees
 from zsim.workload.model import ModelKind
 
 Task = tuple[str, Callable[[], list[Measurement]]]
@@ -54,11 +54,15 @@ def tasks(bench: Bench, plan: Plan, world: int, local: int) -> list[Task]:
     for model in plan.models:
         if model.kind is ModelKind.TRANSFORMER:
             out.append((f"attention {model.name}", partial(micro.attention, bench, model)))
-        for kind in layer_kinds(model):
-            out += [
-                (f"layer {model.name} {kind} mb{mb}", partial(micro.layer, bench, model, kind, mb))
-                for mb in plan.micro_batches
-            ]
+        for tp in layer_tp_degrees(model, plan.tp_degrees):
+            for kind in layer_kinds(model):
+                out += [
+                    (
+                        f"layer {model.name} {kind} mb{mb}" + (f" tp{tp}" if tp > 1 else ""),
+                        partial(micro.layer, bench, model, kind, mb, tp),
+                    )
+                    for mb in plan.micro_batches
+                ]
     out += [
         (f"host copy {s} B", partial(micro.host_copy, bench, s)) for s in plan.host_copy_sizes_bytes
     ]

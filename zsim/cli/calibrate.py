@@ -54,6 +54,11 @@ def _add_calibrate(sub: Any) -> None:
     )
     p.add_argument("--micro-batches", default="1,2,4", help="micro-batch sizes (default 1,2,4)")
     p.add_argument("--flash-attention", action="store_true", help="time fused attention layers")
+    p.add_argument(
+        "--tp",
+        default="1",
+        help="TP degrees to time transformer layers at, as one rank's Megatron shard (default 1)",
+    )
     p.add_argument("--precision", help="fp32, bf16 or fp16 (default fp32 on cpu, bf16 on cuda)")
     p.add_argument("--threads", help="threads per rank (default: torchrun's, 1 when nproc > 1)")
     p.add_argument(
@@ -175,6 +180,8 @@ def _plan(args: argparse.Namespace, device: str, topology: str) -> Any:
     models = tuple(parse_model(m) for m in (args.model or []))
     micro = tuple(_int("micro_batches", x) for x in args.micro_batches.split(",") if x)
     require(bool(micro), "micro_batches", args.micro_batches, "comma-separated positive integers")
+    tp = tuple(_int("tp", x) for x in args.tp.split(",") if x)
+    require(bool(tp), "tp", args.tp, "comma-separated positive integers")
     return plans.default_plan(
         device,
         precision,
@@ -183,6 +190,7 @@ def _plan(args: argparse.Namespace, device: str, topology: str) -> Any:
         quick=args.quick,
         flash_attention=args.flash_attention,
         topology=topology,
+        tp_degrees=tp,
         link_classes=_link_classes(topology),
         max_collective_bytes=_int("max_size", args.max_size),
         launches=_int("launches", args.launches) if args.launches else None,

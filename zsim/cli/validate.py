@@ -89,6 +89,15 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
         help="one case as this DeepSpeed config says (e.g. zsim plan --emit DIR's ds_config.json)",
     )
     p.add_argument("--micro-batch", default="4", help="per-rank micro-batch (default 4)")
+    p.add_argument(
+        "--tp", default="1", help="Megatron-style tensor parallel degree (transformers; default 1)"
+    )
+    p.add_argument(
+        "--pp",
+        default="1",
+        help="pipeline stages of DeepSpeed's PipelineEngine (toy-mlp, ZeRO 0-1; default 1); "
+        "--grad-accum micro-batches per step",
+    )
     p.add_argument("--grad-accum", default="1", help="gradient accumulation steps (default 1)")
     p.add_argument("--precision", help="fp32, bf16 or fp16 (default fp32 on cpu, fp16 on cuda)")
     p.add_argument("--timeout", default="900", help="seconds a case may run (default 900)")
@@ -192,11 +201,17 @@ def _case(
 ) -> Any:
     from zsim.validate import runner
 
+    tp, pp = _int("tp", args.tp), _int("pp", args.pp)
+    world = nodes * ranks_per_node
+    require(world % (tp * pp) == 0, "tp x pp", tp * pp, f"a divisor of the {world} ranks")
+    layout = "".join(f"-{k}{v}" for k, v in (("tp", tp), ("pp", pp)) if v > 1)
     return runner.Case(
-        name=f"z{int(stage)}",
+        name=f"z{int(stage)}{layout}",
         model=model,
         parallel=ParallelConfig(
-            dp=nodes * ranks_per_node,
+            dp=world // (tp * pp),
+            tp=tp,
+            pp=pp,
             zero_stage=stage,
             micro_batch=_int("micro_batch", args.micro_batch),
             grad_accum=_int("grad_accum", args.grad_accum),

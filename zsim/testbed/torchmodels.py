@@ -8,12 +8,14 @@ fused kernel) unless `flash` is set, matching the op list of `ModelSpec.forward_
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from zsim.testbed import tp_layers
 from zsim.workload.model import LayerKind, ModelKind, ModelSpec
 
 
@@ -143,14 +145,38 @@ def batch(
     return idx, torch.randint(0, spec.vocab, (micro_batch, spec.seq_len), device=device)
 
 
-def layer_module(spec: ModelSpec, kind: LayerKind, flash: bool = False) -> nn.Module:
-    """One layer of the model, as calibration times it."""
+def layer_module(spec: ModelSpec, kind: LayerKind, flash: bool = False, tp: int = 1) -> nn.Module:
+    """One layer of the model (at tp > 1 one rank's shard of it, compute only), as
+    calibration times it."""
     if kind is LayerKind.LINEAR:
         return nn.Linear(spec.hidden, spec.hidden, bias=spec.bias)
     if kind is LayerKind.BLOCK:
-        return Block(spec, flash)
+        return Block(spec, flash) if tp == 1 else tp_layers.TpBlock(spec, tp, None, flash)
     if kind is LayerKind.EMBEDDING:
         return Embedding(spec)
     if kind is LayerKind.HEAD:
         return Head(spec, Embedding(spec))
     raise ValueError(f"no module for layer kind {kind}")
+
+
+def embedding_shard(spec: ModelSpec, tp: int) -> nn.Module:
+    """The embedding, or one rank's vocab-parallel shard of it (compute only)."""
+    return Embedding(spec) if tp == 1 else tp_layers.TpEmbedding(spec, tp, 0, None)
+
+
+def head_shard(
+    spec: ModelSpec, tp: int
+) -> tuple[nn.Module, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
+    """The head with its tied embedding (a module holding both) and a closure computing the
+    loss from (x, targets); at tp > 1 one rank's shard, compute only."""
+    if tp > 1:
+        shard = tp_layers.TpEmbedding(spec, tp, 0, None)
+        tp_head = tp_layers.TpHead(spec, shard, tp, None)
+        return nn.ModuleDict({"embedding": shard, "head": tp_head}), tp_head
+    embedding = Embedding(spec)
+    head = Head(spec, embedding)
+
+    def loss(x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(head(x).flatten(0, 1), targets.flatten())
+
+    return nn.ModuleDict({"embedding": embedding, "head": head}), loss

@@ -39,9 +39,13 @@ class Committed:
 
 
 def case_of(row: dict[str, str]) -> Case:
-    """The case a row of predicted_vs_measured.csv describes (dp = every rank)."""
+    """The case a row of predicted_vs_measured.csv describes (dp = the ranks over tp x pp;
+    rows written before the tp and pp columns are pure data parallelism)."""
+    tp, pp = int(row.get("tp") or 1), int(row.get("pp") or 1)
     parallel = ParallelConfig(
-        dp=int(row["world"]),
+        dp=int(row["world"]) // (tp * pp),
+        tp=tp,
+        pp=pp,
         zero_stage=ZeroStage(int(row["stage"])),
         micro_batch=int(row["micro_batch"]),
         grad_accum=int(row["grad_accum"]),

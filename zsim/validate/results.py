@@ -30,6 +30,8 @@ def row(c: Compared, context: dict[str, Any]) -> dict[str, Any]:
         "model": case.model.name,
         "params": case.model.total_params(),
         "world": case.world,
+        "tp": case.parallel.tp,
+        "pp": case.parallel.pp,
         "nodes": case.nodes,
         "ranks_per_node": case.ranks_per_node,
         "topology": case.topology,

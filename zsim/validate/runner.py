@@ -28,7 +28,7 @@ from zsim.testbed.emulate import NODE_DEV, EmulatedCluster, LinkEmulation
 from zsim.testbed.emulation_plan import EmulationPlan, emulated
 from zsim.validate.phase_split import measured_phases, median_over_launches
 from zsim.workload.ds_config import to_training_ds_config
-from zsim.workload.model import ModelSpec
+from zsim.workload.model import ModelKind, ModelSpec
 from zsim.workload.parallel import ParallelConfig, Precision
 
 WORKER = ("-m", "zsim.validate.train_worker")
@@ -74,12 +74,8 @@ class Case:
             self.parallel.dp,
             f"dp x tp x pp = the {self.world} ranks of {self.nodes} x {self.ranks_per_node}",
         )
-        require(
-            self.parallel.tp == 1 and self.parallel.pp == 1,
-            "tp/pp",
-            (self.parallel.tp, self.parallel.pp),
-            "1 (validation runs DeepSpeed ZeRO alone: no Megatron TP, no pipeline module)",
-        )
+        reason = unsupported_layout(self.model, self.parallel)
+        require(not reason, "tp/pp", (self.parallel.tp, self.parallel.pp), reason)
 
     @property
     def world(self) -> int:
@@ -107,6 +103,22 @@ class Measurement:
     phases: dict[str, float] | None = None  # rank 0's phases (`phase_split.measured_phases`)
 
 
+def unsupported_layout(model: ModelSpec, cfg: ParallelConfig) -> str:
+    """What validation's workers cannot train in this layout ("" when they can): Megatron-style
+    TP of a transformer (`tp_layers`), DeepSpeed's PipelineEngine of the seeds' Linear stack
+    (ParallelConfig already keeps it to ZeRO 0-1), not both at once."""
+    tp, pp = cfg.tp, cfg.pp
+    if tp > 1 and pp > 1:
+        return "tp 1 or pp 1: the workers run TP or a pipeline, not both"
+    if tp > 1 and model.kind is not ModelKind.TRANSFORMER:
+        return "tp 1 for this model: the workers split only transformers by Megatron's rules"
+    if tp > 1 and cfg.sequence_parallel:
+        return "no sequence parallelism: the workers' TP layers do not split the sequence"
+    if pp > 1 and model.kind is not ModelKind.MLP:
+        return "pp 1 for this model: the workers pipeline only the seeds' Linear stack (toy-mlp)"
+    return ""
+
+
 def ds_config(cfg: ParallelConfig) -> dict[str, Any]:
     """The DeepSpeed config a case trains with (`to_training_ds_config`)."""
     return to_training_ds_config(cfg)
@@ -118,6 +130,8 @@ def worker_input(case: Case, collective_timeout_s: float) -> dict[str, Any]:
         "name": case.name,
         "model": asdict(case.model),
         "ds_config": ds_config(case.parallel),
+        "tp": case.parallel.tp,
+        "pp": case.parallel.pp,
         "steps": case.steps,
         "warmup": case.warmup,
         "device": case.device,
@@ -286,13 +300,12 @@ def _run_all(
 ) -> tuple[list[Measurement], LinkEmulation | None]:
     with emulated(emulation) as cluster:
         if cluster is None:
-            return [_one(c, out_dir, None, worker, progress) for c in cases], None
+            return _in_rounds(cases, out_dir, None, worker, progress), None
         if progress is not None:
             progress("measuring the emulated link", None)
         if cluster.nodes > 1:
             cluster.measure_rate_bps(0, 1, nbytes=_probe_bytes(cluster.applied_rate_bps))
-        measured = [_one(c, out_dir, cluster, worker, progress) for c in cases]
-        return measured, cluster.emulation
+        return _in_rounds(cases, out_dir, cluster, worker, progress), cluster.emulation
 
 
 def _probe_bytes(rate_bps: float) -> int:
@@ -300,33 +313,36 @@ def _probe_bytes(rate_bps: float) -> int:
     return int(max(2e6, min(2 * rate_bps, 200e6)))
 
 
-def _one(
-    case: Case,
+def _in_rounds(
+    cases: Sequence[Case],
     out_dir: Path,
     cluster: EmulatedCluster | None,
     worker: Sequence[str],
     progress: Callable[[str, Measurement | None], None] | None,
-) -> Measurement:
+) -> list[Measurement]:
+    """Each case's launches, in rounds: launch 0 of every case, then launch 1 of every case,
+    and so on, so that a slow spell of a shared host (minutes long here) falls on one launch of
+    several cases rather than on all launches of one. A case that fails is not launched again."""
+
     def tick(name: str) -> None:
         if progress is not None:
             progress(name, None)
 
-    runs = []
-    for launch in range(case.launches):
-        run = run_case(
-            case,
-            out_dir / f"launch{launch}" if case.launches > 1 else out_dir,
-            cluster,
-            worker,
-            tick,
-        )
-        runs.append(run)
-        if run.status is not Status.OK:
-            break
-    measurement = combine_launches(runs)
+    runs: list[list[Measurement]] = [[] for _ in cases]
+    for launch in range(max((c.launches for c in cases), default=0)):
+        for case, done in zip(cases, runs, strict=True):
+            if launch >= case.launches or (done and done[-1].status is not Status.OK):
+                continue
+            folder = out_dir / f"launch{launch}" if case.launches > 1 else out_dir
+            done.append(run_case(case, folder, cluster, worker, tick))
+            if progress is not None and len(done) == case.launches:
+                progress(case.name, combine_launches(done))
+    measured = [combine_launches(done) for done in runs]
     if progress is not None:
-        progress(case.name, measurement)
-    return measurement
+        for case, done, m in zip(cases, runs, measured, strict=True):
+            if len(done) < case.launches:  # stopped early by a failure
+                progress(case.name, m)
+    return measured
 
 
 def combine_launches(runs: Sequence[Measurement]) -> Measurement:

@@ -16,6 +16,7 @@ OUT/result.json with what all ranks measured:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -32,8 +33,8 @@ import torch
 from deepspeed import comm as dist
 from deepspeed.comm import comm as ds_comm
 
-from zsim.testbed import torchmodels
 from zsim.validate.held import CATEGORIES, SavedTensors, engine_inventory
+from zsim.validate.layouts import Trainer
 from zsim.validate.phases import PhaseClock, median_phases
 from zsim.workload.model import ModelKind, ModelSpec
 
@@ -93,43 +94,49 @@ class MemoryProbe:
         }
 
 
-def _engine(spec: ModelSpec, ds_config: dict[str, Any], seed: int) -> Any:
-    torch.manual_seed(seed)
-    model = torchmodels.build(spec)
-    engine, *_ = deepspeed.initialize(
-        model=model, model_parameters=model.parameters(), config=ds_config
-    )
-    return engine
+def one_step(
+    trainer: Trainer, probe: MemoryProbe, clock: PhaseClock, saved: SavedTensors | None = None
+) -> None:
+    """One optimizer step: `gradient_accumulation_steps` forwards and backwards, then the
+    engine's step (a pipeline's train_batch does all of it); `saved` records what autograd
+    keeps for backward (of the first micro-batch; of all of them in a pipeline)."""
+    engine = trainer.engine
+    if trainer.pipelined:
+        with saved or contextlib.nullcontext():
+            engine.train_batch(trainer.data())
+        probe.snap("step_end")
+        return
+    x, y = trainer.batch
+    for micro_step in range(int(engine.gradient_accumulation_steps())):
+        with clock.phase("forward"):
+            if saved is not None and micro_step == 0:
+                with saved:
+                    loss = engine(x, y)
+                    probe.snap("forward_end")
+            else:
+                loss = engine(x, y)
+        with clock.phase("backward"):
+            engine.backward(loss)
+        with clock.phase("step"):
+            engine.step()
+    probe.snap("step_end")
 
 
 def train(case: dict[str, Any]) -> dict[str, Any]:
     spec = model_from(case["model"])
-    ds_config = case["ds_config"]
     device = case["device"]
-    engine = _engine(spec, ds_config, case.get("seed", 1234))
-    dtype = next(engine.module.parameters()).dtype
-    micro = int(ds_config["train_micro_batch_size_per_gpu"])
-    accum = int(ds_config["gradient_accumulation_steps"])
-    x, y = torchmodels.batch(spec, micro, dtype=dtype, device=engine.device)
+    layout = (case.get("tp", 1), case.get("pp", 1), case.get("seed", 1234))
+    trainer = Trainer(spec, case["ds_config"], *layout)
+    engine, dtype = trainer.engine, trainer.dtype
     probe = MemoryProbe(engine)
     clock = PhaseClock()
-    if device == "cpu":  # on CUDA wall clocks around kernels and collectives mean nothing
+    # on CUDA wall clocks around kernels and collectives mean nothing; a pipeline's
+    # train_batch interleaves every phase of every micro-batch, so it has no phase split
+    if device == "cpu" and not trainer.pipelined:
         clock.instrument(ds_comm.cdb)
 
     def step(saved: SavedTensors | None = None) -> None:
-        for micro_step in range(accum):
-            with clock.phase("forward"):
-                if saved is not None and micro_step == 0:
-                    with saved:
-                        loss = engine(x, y)
-                        probe.snap("forward_end")
-                else:
-                    loss = engine(x, y)
-            with clock.phase("backward"):
-                engine.backward(loss)
-            with clock.phase("step"):
-                engine.step()
-        probe.snap("step_end")
+        one_step(trainer, probe, clock, saved)
 
     times = []
     for _ in range(case["warmup"] + case["steps"]):
@@ -151,7 +158,7 @@ def train(case: dict[str, Any]) -> dict[str, Any]:
     return {
         "step_times_s": times[case["warmup"] :],
         "warmup_times_s": times[: case["warmup"]],
-        "phases": clock.steps[case["warmup"] :],
+        "phases": [] if trainer.pipelined else clock.steps[case["warmup"] :],
         "held": probe.peak(),
         "activations_bytes": saved.total_bytes,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
