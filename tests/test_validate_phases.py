@@ -77,6 +77,36 @@ def test_collectives_are_timed_in_the_phase_that_calls_or_waits():
     assert step["step"] == 0.0
 
 
+class FakeTorchDistributed:
+    """torch.distributed as the TP layers call it (and deepspeed.comm's backend calls it)."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def all_reduce(self, *_args, **_kwargs):
+        self.log.append("torch.all_reduce")
+
+
+@pytest.mark.usefixtures("ticking")
+def test_torch_distributed_calls_are_timed_once_whoever_calls_them():
+    """A TP layer's torch.distributed call counts to its own op; deepspeed.comm's, which goes
+    through torch.distributed, counts once, to deepspeed.comm's op."""
+    backend = FakeBackend()
+    torch_dist = FakeTorchDistributed(backend.log)
+    backend.all_reduce = lambda *a, **k: torch_dist.all_reduce(*a, **k)
+    clock = phases.PhaseClock()
+    clock.instrument(backend)
+    clock.instrument(torch_dist)
+    clock.start_step()
+    with clock.phase("forward"):
+        torch_dist.all_reduce(None)  # the TP layer
+        backend.all_reduce(None)  # DeepSpeed
+    clock.end_step()
+    (step,) = clock.steps
+    assert backend.log == ["torch.all_reduce", "torch.all_reduce"]
+    assert step["comm_calls"] == {"forward.all_reduce": 2}
+
+
 def test_median_phases_take_each_phase_and_op_over_steps():
     steps = [
         {"forward": f, "backward": 2.0, "step": 1.0, "comm_s": c, "comm_calls": {}}
@@ -95,6 +125,7 @@ def test_a_simulated_step_is_cut_where_deepspeed_calls_cut_it():
     spans = [
         span(Stream.COMPUTE, "F0.linear", "forward", 0.0, 3.0),
         span(Stream.GATHER, "F0.gather", "param_gather", 0.0, 2.0),
+        span(Stream.TP, "F0.tp_all_reduce", "tp_comm", 2.0, 2.5),  # a TP collective is comm
         span(Stream.COMPUTE, "F0.gather_copy_out", "param_gather", 2.0, 2.5),
         span(Stream.COMPUTE, "B0.linear", "backward", 3.0, 10.0),
         span(Stream.COMPUTE, "grad_reduce", "grad_reduce", 10.0, 14.0),
@@ -105,7 +136,7 @@ def test_a_simulated_step_is_cut_where_deepspeed_calls_cut_it():
     ]
     out = simulated_phases(spans, 0, 20.0)
     assert (out["forward"], out["backward"], out["step"]) == (3.0, 11.0, 6.0)
-    assert (out["forward_comm"], out["backward_comm"], out["step_comm"]) == (2.0, 4.0, 2.0)
+    assert (out["forward_comm"], out["backward_comm"], out["step_comm"]) == (2.5, 4.0, 2.0)
 
 
 def test_measured_phases_sum_each_phase_collectives():

@@ -15,7 +15,7 @@ from zsim.step.spans import Span
 
 PHASES = ("forward", "backward", "step")  # DeepSpeed's calls: engine(x), .backward, .step
 STEP_STARTS = (ENGINE_STEP_HOST, "grad_norm", "step_prepare", "optimizer_step")
-COMM_CATEGORIES = ("grad_reduce", "param_gather")
+COMM_CATEGORIES = ("grad_reduce", "param_gather", "tp_comm")
 
 
 def simulated_phases(spans: Iterable[Span], rank: int, end_s: float) -> dict[str, float]:

@@ -134,6 +134,9 @@ def train(case: dict[str, Any]) -> dict[str, Any]:
     # train_batch interleaves every phase of every micro-batch, so it has no phase split
     if device == "cpu" and not trainer.pipelined:
         clock.instrument(ds_comm.cdb)
+        # the TP layers call torch.distributed as Megatron does (a DeepSpeed call through it
+        # is counted once, to deepspeed.comm's op)
+        clock.instrument(torch.distributed)
 
     def step(saved: SavedTensors | None = None) -> None:
         one_step(trainer, probe, clock, saved)
