@@ -67,7 +67,12 @@ def test_sequence_parallel_backward_gathers_the_input_again():
     # the rest: the embedding's reduce-scatter and, in the backward, its gather; the head's
     # input gather, and in the backward its re-gather and its dgrad's reduce-scatter
     head = 5 * tp_bytes(MODEL, cfg) * 7 / 8
-    assert report.traffic_bytes_per_gpu["tp_comm"] == pytest.approx(blocks + head, rel=1e-6)
+    # and the vocab-parallel cross-entropy's three all-reduces of one fp32 per token: a ring
+    # all-reduce moves 2 (tp - 1) / tp of its buffer per rank, and at 32 KB NCCL's tuner picks
+    # LL, whose 8-byte lines carry 4 bytes of data (src/include/device.h): twice the bytes
+    loss = 3 * cfg.micro_batch * MODEL.seq_len * 4 * 2 * 7 / 8 * 2
+    total = blocks + head + loss
+    assert report.traffic_bytes_per_gpu["tp_comm"] == pytest.approx(total, rel=1e-6)
 
 
 def test_the_overlap_needs_sequence_parallelism():
@@ -75,3 +80,21 @@ def test_the_overlap_needs_sequence_parallelism():
 
     with pytest.raises(InputError, match="tp_comm_overlap"):
         ParallelConfig(tp=8, tp_comm_overlap=True)
+
+
+def test_vocab_parallel_cross_entropy_all_reduces_three_values_per_token():
+    """Megatron's `_VocabParallelCrossEntropy.forward` all-reduces the logits' row maximum, the
+    target's logit and the exponentials' sum over the TP group, each one fp32 per token; its
+    backward none (the head's backward all-reduces only the logits' input gradient, b s h)."""
+    cfg = ParallelConfig(dp=4, tp=2, micro_batch=1)
+    model = preset("gpt-125m")
+    report = simulate(model, cfg, presets.topology("1x8-nvlink"), A100)
+    head = [
+        s
+        for s in report.engine.all_spans()
+        if s.rank == 0 and s.category == "tp_comm" and ".head." in s.name
+    ]
+    forward = [s.nbytes for s in head if s.name.startswith("F")]
+    backward = [s.nbytes for s in head if s.name.startswith("B")]
+    assert forward == [model.seq_len * 4] * 3
+    assert backward == [model.seq_len * model.hidden * 2]

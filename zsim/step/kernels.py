@@ -25,9 +25,11 @@ from zsim.step.program import (
     Task,
 )
 from zsim.step.tensor_parallel import (
+    CROSS_ENTROPY_ALL_REDUCES,
     PIPELINE_SPLITS,
     PIPELINED,
     RING_EXCHANGED_AFTER,
+    cross_entropy_bytes,
     gathered_before,
     regathered,
     tp_bytes,
@@ -209,6 +211,7 @@ class _TpCollectives(Generic[H]):
         self.gathered_before = gathered_before(cfg, forward)
         self.overlap = cfg.tp_comm_overlap
         self.nbytes = tp_bytes(kernels.job.model, cfg)
+        self.ce_bytes = cross_entropy_bytes(kernels.job.model, cfg)
         self.segment: list[ComputeOp] = []
         self.last: list[H] = deps
         self.beside: list[H] = []  # collectives beside the next wgrad GEMM (bulk)
@@ -226,8 +229,10 @@ class _TpCollectives(Generic[H]):
         seconds = share * self.scale * self.kernels.op_seconds([op])
         return self.emit.compute(f"{self.tag}.{op.name}{part}", seconds, self.category, deps)
 
-    def _comm(self, op: CollectiveOp, share: float, deps: list[H], stream: Stream) -> H:
-        comm = Comm(op, share * self.nbytes, Group.TP)
+    def _comm(
+        self, op: CollectiveOp, share: float, deps: list[H], stream: Stream, nbytes: float = 0.0
+    ) -> H:
+        comm = Comm(op, share * (nbytes or self.nbytes), Group.TP)
         return self.emit.comm(f"{self.tag}.tp_{op}", comm, Category.TP_COMM, deps, stream)
 
     def add(self, op: ComputeOp) -> None:
@@ -259,6 +264,11 @@ class _TpCollectives(Generic[H]):
 
     def _after(self, op: ComputeOp) -> None:
         """The collective Megatron issues after `op`, if any."""
+        if self.forward and self.tp > 1 and op.name == "logits":
+            self.flush()
+            for _ in range(CROSS_ENTROPY_ALL_REDUCES):
+                all_reduce = CollectiveOp.ALL_REDUCE
+                self.last = [self._comm(all_reduce, 1.0, self.last, Stream.COMPUTE, self.ce_bytes)]
         kind = self.points.get(op.name)
         if kind is None:
             return

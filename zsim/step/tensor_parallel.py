@@ -1,7 +1,8 @@
 """Megatron's tensor parallelism: where a layer communicates, and how much.
 
 Forward: row-parallel outputs (proj, fc2) are all-reduced (reduce-scattered with sequence
-parallelism), the vocab-parallel embedding output too. Backward: the input gradients of
+parallelism), the vocab-parallel embedding output too; the vocab-parallel cross-entropy
+all-reduces three fp32 values per token after the logits. Backward: the input gradients of
 column-parallel GEMMs (qkv, fc1, logits) are all-reduced, overlapped with the weight-gradient
 GEMM that follows. With sequence parallelism the inputs of column-parallel GEMMs are
 all-gathered first (Korthikanti et al. 2022, section 4.2.2), and gathered again in the
@@ -54,6 +55,19 @@ def tp_points(cfg: ParallelConfig, forward: bool) -> dict[str, CollectiveOp]:
 def tp_bytes(model: ModelSpec, cfg: ParallelConfig) -> float:
     """Each TP collective's buffer (nccl-tests' size): the whole activation, b s h elements."""
     return float(cfg.micro_batch * model.seq_len * model.hidden * cfg.precision.bytes)
+
+
+CROSS_ENTROPY_ALL_REDUCES = 3
+"""Megatron's vocab-parallel cross-entropy (`tensor_parallel/cross_entropy.py`,
+`_VocabParallelCrossEntropy.forward`) all-reduces over the TP group the logits' row maximum
+(MAX), the target's logit and the exponentials' sum (SUM): three blocking calls after the
+logits GEMM, none in its backward."""
+
+
+def cross_entropy_bytes(model: ModelSpec, cfg: ParallelConfig) -> float:
+    """Each of the cross-entropy's all-reduces: one fp32 value per token of the micro-batch
+    (the whole sequence: the logits are computed on it with sequence parallelism too)."""
+    return float(cfg.micro_batch * model.seq_len * 4)
 
 
 RING_EXCHANGED_AFTER = frozenset({"ln1", "ln2", "residual2_bwd", "residual1_bwd"})
