@@ -4,7 +4,7 @@ the median of 3 launches; on 1x2 also a small GPT, data parallel and Megatron-st
 DeepSpeed's PipelineEngine at pp 2), then write the tables of README.md here and exit
 non-zero when the MAPE over every case exceeds 10 %.
 
-    python benchmarks/validation/loop.py [--layouts 1x2,1x4,2x2,2x4] [--reuse-profiles]
+    python benchmarks/validation/loop.py [--layouts 1x2,1x4,1x4-gpt,2x2,2x4] [--reuse-profiles]
         [--calibrate-only]
 
 The emulated layouts (2x2, 2x4: network namespaces joined by tc-shaped veth links) need root.
@@ -43,7 +43,7 @@ class Validation:
 @dataclass(frozen=True)
 class Layout:
     profile: str  # calibration/<profile>.json
-    calibrate: tuple[str, ...]  # zsim calibrate's arguments beyond --model/--name/--out
+    calibrate: tuple[str, ...]  # zsim calibrate's arguments beyond --name/--out
     validations: tuple[Validation, ...]
 
 
@@ -54,7 +54,7 @@ GPT = "gpt-125m:layers=2,seq-len=128,vocab=8192"
 LAYOUTS = {
     "1x2": Layout(
         "cpu-2rank",
-        ("--nproc", "2", "--model", GPT, "--tp", "1,2"),
+        ("--nproc", "2", "--model", MODEL, "--model", GPT, "--tp", "1,2"),
         (
             Validation("cpu-1x2", ON_1X2),
             Validation("cpu-1x2-gpt", (*ON_1X2, "--warmup", "5"), GPT),
@@ -66,12 +66,33 @@ LAYOUTS = {
     ),
     "1x4": Layout(
         "cpu-4rank",
-        ("--nproc", "4", "--micro-batches", "4"),
+        ("--nproc", "4", "--model", MODEL, "--micro-batches", "4"),
         (Validation("cpu-1x4", ("--topology", "1x4-cpu", "--steps", "8")),),
+    ),
+    "1x4-gpt": Layout(  # tp 2 x dp 2: Megatron's TP groups inside DeepSpeed's ZeRO
+        "cpu-4rank-gpt",
+        ("--nproc", "4", "--model", GPT, "--tp", "1,2", "--micro-batches", "4"),
+        (
+            Validation(
+                "cpu-1x4-gpt-tp2",
+                ("--topology", "1x4-cpu", "--steps", "8", "--warmup", "5", "--tp", "2"),
+                GPT,
+            ),
+        ),
     ),
     "2x2": Layout(
         "cpu-2x2-1gbit",
-        ("--emulate", "2x2-cpu-1gbit", "--nproc", "2", "--micro-batches", "4", *EMULATED_SIZES),
+        (
+            "--emulate",
+            "2x2-cpu-1gbit",
+            "--nproc",
+            "2",
+            "--model",
+            MODEL,
+            "--micro-batches",
+            "4",
+            *EMULATED_SIZES,
+        ),
         (
             Validation(
                 "cpu-2x2-1gbit-emulated",
@@ -81,7 +102,17 @@ LAYOUTS = {
     ),
     "2x4": Layout(
         "cpu-2x4-1gbit",
-        ("--emulate", "2x4-cpu-1gbit", "--nproc", "4", "--micro-batches", "4", *EMULATED_SIZES),
+        (
+            "--emulate",
+            "2x4-cpu-1gbit",
+            "--nproc",
+            "4",
+            "--model",
+            MODEL,
+            "--micro-batches",
+            "4",
+            *EMULATED_SIZES,
+        ),
         (
             Validation(
                 "2x4-ethernet-z3-emulated",
@@ -101,8 +132,8 @@ def zsim(*args: str) -> None:
 def run(layout: Layout, reuse: bool, calibrate_only: bool) -> None:
     profile = f"calibration/{layout.profile}.json"
     if not reuse:
-        zsim("calibrate", "--model", MODEL, *layout.calibrate, "--name", layout.profile,
-             "--out", profile, "--force")  # fmt: skip
+        zsim("calibrate", *layout.calibrate, "--name", layout.profile, "--out", profile,
+             "--force")  # fmt: skip
     if calibrate_only:
         return
     for v in layout.validations:
