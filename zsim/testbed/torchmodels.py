@@ -7,7 +7,6 @@ fused kernel) unless `flash` is set, matching the op list of `ModelSpec.forward_
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +15,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from zsim.testbed import tp_layers
+from zsim.testbed.attention import causal_attention
 from zsim.workload.model import LayerKind, ModelKind, ModelSpec
 
 
@@ -37,25 +37,10 @@ class Block(nn.Module):
 
     def attention(self, x: torch.Tensor) -> torch.Tensor:
         s = self.spec
-        b, t, _ = x.shape
-        kv = s.n_kv_heads * s.head_dim
-        q, k, v = self.qkv(x).split([s.hidden, kv, kv], dim=-1)
-        q = q.view(b, t, s.heads, s.head_dim).transpose(1, 2)
-        k = k.view(b, t, s.n_kv_heads, s.head_dim).transpose(1, 2)
-        v = v.view(b, t, s.n_kv_heads, s.head_dim).transpose(1, 2)
-        if s.n_kv_heads != s.heads:
-            k = k.repeat_interleave(s.heads // s.n_kv_heads, dim=1)
-            v = v.repeat_interleave(s.heads // s.n_kv_heads, dim=1)
-        if self.flash:
-            y = F.scaled_dot_product_attention(
-                q, k, v, dropout_p=self.p if self.training else 0.0, is_causal=True
-            )
-        else:
-            scores = (q @ k.transpose(-2, -1)) / math.sqrt(s.head_dim)
-            mask = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
-            scores = scores.masked_fill(mask, float("-inf"))
-            y = F.dropout(scores.softmax(-1), self.p, self.training) @ v
-        return self.proj(y.transpose(1, 2).reshape(b, t, s.hidden))
+        y = causal_attention(
+            self.qkv(x), s.heads, s.n_kv_heads, s.head_dim, self.p, self.training, self.flash
+        )
+        return self.proj(y)
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         if self.spec.gated_mlp:

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
+from zsim.testbed.attention import causal_attention
 from zsim.workload.model import ModelSpec
 
 Group = Any  # a torch.distributed process group, or None for a compute-only shard
@@ -126,26 +127,9 @@ class TpBlock(nn.Module):
         return y if bias is None else y + bias
 
     def attention(self, x: torch.Tensor) -> torch.Tensor:
-        s, b, t = self.spec, x.shape[0], x.shape[1]
-        d, kv = s.head_dim, self.kv_heads * s.head_dim
         qkv = column_parallel(x, self.qkv.weight, self.qkv.bias, self.group)
-        q, k, v = torch.split(qkv, [self.heads * d, kv, kv], dim=-1)
-        q = q.view(b, t, self.heads, d).transpose(1, 2)
-        k = k.view(b, t, self.kv_heads, d).transpose(1, 2)
-        v = v.view(b, t, self.kv_heads, d).transpose(1, 2)
-        if self.kv_heads != self.heads:
-            k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
-            v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
-        if self.flash:
-            y = F.scaled_dot_product_attention(
-                q, k, v, dropout_p=self.p if self.training else 0.0, is_causal=True
-            )
-        else:
-            scores = (q @ k.transpose(-2, -1)) / math.sqrt(d)
-            mask = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
-            scores = scores.masked_fill(mask, float("-inf"))
-            y = F.dropout(scores.softmax(-1), self.p, self.training) @ v
-        y = y.transpose(1, 2).reshape(b, t, self.heads * d)
+        d = self.spec.head_dim
+        y = causal_attention(qkv, self.heads, self.kv_heads, d, self.p, self.training, self.flash)
         return self._row(self.proj, self.proj_bias, y)
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
