@@ -52,6 +52,17 @@ def test_tp_that_does_not_divide_the_ranks_gets_one_line(
     assert "divisor of the 2 ranks" in err[0]
 
 
+def test_tp_that_does_not_divide_the_heads_is_refused_before_anything_runs(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    args = ["validate", "--nproc", "4", "--tp", "4", "--model", "gpt-125m:heads=6"]
+    assert main([*args, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert "a divisor of heads=6" in err[0]
+    assert not (tmp_path / "out").exists()
+
+
 def _row(tmp_path: Path, *args: str) -> dict[str, str]:
     common = ["validate", "--nproc", "2", "--steps", "2", "--warmup", "1", "--no-progress"]
     assert main([*common, *args, "--out", str(tmp_path)]) == 0

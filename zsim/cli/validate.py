@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from zsim.errors import InputError, positive_int, require
-from zsim.inputs.scenario import parse_model
+from zsim.inputs.scenario import check_layout, parse_model
 from zsim.workload.parallel import ParallelConfig, Precision, ZeroStage
 
 DEFAULT_CPU_MODEL = "toy-mlp:hidden=1024"  # the seeds' 8 x Linear, narrowed to fit 8 CPU ranks
@@ -205,18 +205,20 @@ def _case(
     world = nodes * ranks_per_node
     require(world % (tp * pp) == 0, "tp x pp", tp * pp, f"a divisor of the {world} ranks")
     layout = "".join(f"-{k}{v}" for k, v in (("tp", tp), ("pp", pp)) if v > 1)
+    parallel = ParallelConfig(
+        dp=world // (tp * pp),
+        tp=tp,
+        pp=pp,
+        zero_stage=stage,
+        micro_batch=_int("micro_batch", args.micro_batch),
+        grad_accum=_int("grad_accum", args.grad_accum),
+        precision=precision,
+    )
+    check_layout(model, parallel)  # before anything runs: TP must divide heads and ffn
     return runner.Case(
         name=f"z{int(stage)}{layout}",
         model=model,
-        parallel=ParallelConfig(
-            dp=world // (tp * pp),
-            tp=tp,
-            pp=pp,
-            zero_stage=stage,
-            micro_batch=_int("micro_batch", args.micro_batch),
-            grad_accum=_int("grad_accum", args.grad_accum),
-            precision=precision,
-        ),
+        parallel=parallel,
         topology=simulated,
         nodes=nodes,
         ranks_per_node=ranks_per_node,
