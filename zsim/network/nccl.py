@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -104,12 +105,36 @@ def _costs(
     return extra, WIRE_EFFICIENCY[protocol]
 
 
-def _bus(topo: Topology, rings: IntArray) -> float:
-    """A rank's send rate over all channels when every ring sends at once (NCCL's busBw)."""
-    return fair_share(topo, *ring_flows(rings)) * len(rings)
-
-
 # ---- rings and chains ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RingBasis:
+    """What a call on equal rings (rows) costs whatever its op and size: their flows, the
+    flows' fair share and one pipelined step's latency. A group's is kept (`group_rings`):
+    every call on it, of any op and size, reuses it."""
+
+    rings: IntArray
+    src: IntArray
+    dst: IntArray
+    share: float
+    latency_s: float
+
+    @property
+    def bus(self) -> float:
+        """A rank's send rate over all channels when every ring sends at once (busBw)."""
+        return self.share * len(self.rings)
+
+
+def ring_basis(topo: Topology, rings: IntArray) -> RingBasis:
+    src, dst = ring_flows(rings)
+    return RingBasis(rings, src, dst, fair_share(topo, src, dst), ring_latency(topo, rings))
+
+
+def group_rings(topo: Topology, group: Sequence[int]) -> RingBasis:
+    """The basis of a group's NCCL rings, kept on the topology."""
+    key = ("ring_basis", tuple(group))
+    return topo.memoized(key, lambda: ring_basis(topo, nccl_rings(topo, group)))
 
 
 def nccl_rings(topo: Topology, group: Sequence[int]) -> IntArray:
@@ -148,29 +173,25 @@ def _rings(topo: Topology, group: Sequence[int]) -> IntArray:
 
 
 def ring_phase(
-    topo: Topology, op: CollectiveOp, rings: IntArray, bytes_per_ring: float, channels: bool = True
+    topo: Topology, op: CollectiveOp, basis: RingBasis, bytes_per_ring: float, channels: bool = True
 ) -> tuple[Phase, float]:
-    """Equal rings (rows) running `op` at once, each on `bytes_per_ring`, in the protocol NCCL
+    """Equal rings running `op` at once, each on `bytes_per_ring`, in the protocol NCCL
     picks: the channels of one call, or (`channels=False`) the disjoint groups of a
     hierarchical stage, each its own call."""
+    rings, share = basis.rings, basis.share
     m = rings.shape[1]
     steps = 2 * (m - 1) if op is CollectiveOp.ALL_REDUCE else m - 1
-    if rings.size >= 64:  # one pair of arrays for every call on these rings
-        src, dst, _ = topo.memoized(("ring_flows", id(rings)), lambda: (*ring_flows(rings), rings))
-    else:
-        src, dst = ring_flows(rings)
-    share = fair_share(topo, src, dst)
     per_call = len(rings) if channels else 1
     comm = nccl_comm(topo, rings[0], per_call)
     nbytes = bytes_per_ring * per_call
     extra, efficiency = _costs(topo, op, "ring", comm, nbytes, share * per_call)
-    alpha = ring_latency(topo, rings) + extra / steps
+    alpha = basis.latency_s + extra / steps
     wire = bytes_per_ring / efficiency
     closed = ring_closed_form_s(op, m, wire, alpha, share)
-    return Phase(src, dst, wire / m, repeat=steps, latency_s=alpha), closed
+    return Phase(basis.src, basis.dst, wire / m, repeat=steps, latency_s=alpha), closed
 
 
-def _chain_phase(
+def chain_phase(
     topo: Topology, chains: IntArray, bytes_per_chain: float, towards_root: bool
 ) -> tuple[Phase, float]:
     """Pipelined chains (rows) from (or, reversed, to) their first member, at once."""
@@ -183,7 +204,7 @@ def _chain_phase(
     return Phase(src, dst, bytes_per_chain, latency_s=fill_s), closed
 
 
-def _from(rings: IntArray, root: int) -> IntArray:
+def rotated_to(rings: IntArray, root: int) -> IntArray:
     """Each ring rotated to start at `root`."""
     start = np.argmax(rings == root, axis=1)
     index = (start[:, None] + np.arange(rings.shape[1])) % rings.shape[1]
@@ -191,13 +212,14 @@ def _from(rings: IntArray, root: int) -> IntArray:
 
 
 def nccl_ring(topo: Topology, call: CollectiveCall) -> Built:
-    rings = nccl_rings(topo, call.group)
     if call.op in (CollectiveOp.BROADCAST, CollectiveOp.REDUCE):
-        chains = _from(rings, call.group[call.root])
+        rings = nccl_rings(topo, call.group)
+        chains = rotated_to(rings, call.group[call.root])
         towards_root = call.op is CollectiveOp.REDUCE
-        phase, closed = _chain_phase(topo, chains, call.nbytes / len(rings), towards_root)
+        phase, closed = chain_phase(topo, chains, call.nbytes / len(rings), towards_root)
     else:
-        phase, closed = ring_phase(topo, call.op, rings, call.nbytes / len(rings))
+        basis = group_rings(topo, call.group)
+        phase, closed = ring_phase(topo, call.op, basis, call.nbytes / len(basis.rings))
     return [phase], closed
 
 
@@ -254,20 +276,26 @@ def tree_channels(topo: Topology, group: Sequence[int]) -> list[tuple[IntArray, 
     return [(np.roll(grid, -c, axis=1), p) for c in range(grid.shape[1]) for p in trees]
 
 
-def tree_latency(topo: Topology, chains: IntArray, parents: IntArray) -> float:
-    """Pipeline fill: from the farthest chain tail up to the root, and back down."""
-    heads = chains[:, 0]
-    has_parent = parents >= 0
-    hop = np.zeros(len(heads))
-    hop[has_parent] = topo.routes_of(heads[has_parent], heads[parents[has_parent]]).latency_s
-    total, at = np.zeros(len(heads)), np.arange(len(heads))
-    climbing = parents[at] >= 0
+def trees_latency(topo: Topology, channels: list[tuple[IntArray, IntArray]]) -> float:
+    """The slowest pipeline fill of every channel x tree (`tree_channels`): from the farthest
+    chain tail up to the root, and back down. All trees' hops are routed in one batch."""
+    chains = np.stack([chain for chain, _ in channels])  # trees x nodes x members
+    parents = np.stack([parent for _, parent in channels])  # trees x nodes
+    heads, has_parent = chains[:, :, 0], parents >= 0
+    up = np.take_along_axis(heads, np.where(has_parent, parents, 0), axis=1)
+    hop = np.zeros(heads.shape)
+    hop[has_parent] = topo.routes_of(heads[has_parent], up[has_parent]).latency_s
+    rows = np.arange(len(heads))[:, None]
+    total, at = np.zeros(heads.shape), np.broadcast_to(np.arange(heads.shape[1]), heads.shape)
+    at = at.copy()
+    climbing = has_parent
     while climbing.any():  # each node's path to the root, summed from the node up
-        total[climbing] += hop[at[climbing]]
-        at[climbing] = parents[at[climbing]]
-        climbing = parents[at] >= 0
-    chain_s = float(path_latencies(topo, chains[:, ::-1]).max())
-    return 2 * (float(total.max()) + chain_s)
+        total[climbing] += hop[rows, at][climbing]
+        at[climbing] = parents[rows, at][climbing]
+        climbing = parents[rows, at] >= 0
+    tails_first = chains[:, :, ::-1].reshape(-1, chains.shape[2])
+    chain_s = path_latencies(topo, tails_first).reshape(len(chains), -1).max(axis=1)
+    return float((2 * (total.max(axis=1) + chain_s)).max())
 
 
 def _tree_flows(chains: IntArray, parents: IntArray) -> tuple[IntArray, IntArray]:
@@ -278,66 +306,44 @@ def _tree_flows(chains: IntArray, parents: IntArray) -> tuple[IntArray, IntArray
     return np.concatenate([b, a, up, down]), np.concatenate([a, b, down, up])
 
 
+@dataclass(frozen=True)
+class TreeBasis:
+    """A group's double binary trees whatever the call's size: every channel x tree's flows,
+    their fair share, the slowest pipeline fill, and the group's rings (NCCL's tuner rates
+    the tree by the rings' bus bandwidth). Kept per group (`group_trees`)."""
+
+    src: IntArray
+    dst: IntArray
+    share: float
+    latency_s: float
+    trees: int  # channels x 2
+    rings: RingBasis
+
+
+def group_trees(topo: Topology, group: Sequence[int]) -> TreeBasis:
+    def make() -> TreeBasis:
+        channels = tree_channels(topo, group)
+        pairs = [_tree_flows(chains, parents) for chains, parents in channels]
+        src = np.concatenate([p[0] for p in pairs])
+        dst = np.concatenate([p[1] for p in pairs])
+        latency = trees_latency(topo, channels)
+        share = fair_share(topo, src, dst)
+        return TreeBasis(src, dst, share, latency, len(channels), group_rings(topo, group))
+
+    return topo.memoized(("tree_basis", tuple(group)), make)
+
+
 def nccl_tree(topo: Topology, call: CollectiveCall) -> Built:
     """all_reduce on every channel x tree at once, each carrying S / (2 C) up and down, in the
     protocol NCCL picks for the tree."""
-    channels = tree_channels(topo, call.group)
-    rings = nccl_rings(topo, call.group)
-    comm = nccl_comm(topo, np.asarray(call.group), len(rings))
-    extra, efficiency = _costs(topo, call.op, "tree", comm, call.nbytes, _bus(topo, rings))
+    basis = group_trees(topo, call.group)
+    comm = nccl_comm(topo, np.asarray(call.group), len(basis.rings.rings))
+    extra, efficiency = _costs(topo, call.op, "tree", comm, call.nbytes, basis.rings.bus)
     wire = call.nbytes / efficiency
-    pairs = [_tree_flows(chains, parents) for chains, parents in channels]
-    src = np.concatenate([p[0] for p in pairs])
-    dst = np.concatenate([p[1] for p in pairs])
-    latency = max(tree_latency(topo, chains, parents) for chains, parents in channels)
-    latency += extra
+    latency = basis.latency_s + extra
     # each flow carries S / (2 C) at the bottleneck share, so 2 S / B = S / (2 C share)
-    share = fair_share(topo, src, dst)
-    closed = tree_closed_form_s(wire, latency, 2 * len(channels) * share)
-    return [Phase(src, dst, wire / len(channels), latency_s=latency)], closed
-
-
-# ---- hierarchical ---------------------------------------------------------------------------
-
-
-def hierarchical(topo: Topology, call: CollectiveCall) -> Built:
-    grid = regular_nodes(topo, call.group)
-    if grid is None:
-        members = [len(node) for node in by_node(topo, call.group)]
-        what = "the same number of members on every node (hierarchical algorithm)"
-        raise InputError("group", members, what)
-    if grid.shape[0] == 1 or grid.shape[1] == 1:
-        return nccl_ring(topo, call)
-    stages = _stages(topo, call, grid)
-    return [phase for phase, _ in stages], sum(closed for _, closed in stages)
-
-
-def _stages(topo: Topology, call: CollectiveCall, nodes: IntArray) -> list[tuple[Phase, float]]:
-    """The stages of a hierarchical call: `nodes` rows are nodes, its columns rails."""
-    size, g, op, rails = call.nbytes, nodes.shape[1], call.op, nodes.T
-    if op is CollectiveOp.ALL_REDUCE:
-        return [
-            ring_phase(topo, CollectiveOp.REDUCE_SCATTER, nodes, size, False),
-            ring_phase(topo, CollectiveOp.ALL_REDUCE, rails, size / g, False),
-            ring_phase(topo, CollectiveOp.ALL_GATHER, nodes, size, False),
-        ]
-    if op is CollectiveOp.ALL_GATHER:
-        return [
-            ring_phase(topo, op, rails, size / g, False),
-            ring_phase(topo, op, nodes, size, False),
-        ]
-    if op is CollectiveOp.REDUCE_SCATTER:
-        return [
-            ring_phase(topo, op, nodes, size, False),
-            ring_phase(topo, op, rails, size / g, False),
-        ]
-    root = call.group[call.root]
-    slot = int(np.flatnonzero((rails == root).any(axis=1))[0])
-    across = _from(rails[slot : slot + 1], root)
-    inside = np.roll(nodes, -slot, axis=1)
-    if op is CollectiveOp.BROADCAST:
-        return [_chain_phase(topo, across, size, False), _chain_phase(topo, inside, size, False)]
-    return [_chain_phase(topo, inside, size, True), _chain_phase(topo, across, size, True)]
+    closed = tree_closed_form_s(wire, latency, 2 * basis.trees * basis.share)
+    return [Phase(basis.src, basis.dst, wire / basis.trees, latency_s=latency)], closed
 
 
 def nccl_prefers_tree(topo: Topology, call: CollectiveCall) -> bool:
@@ -351,9 +357,9 @@ def nccl_prefers_tree(topo: Topology, call: CollectiveCall) -> bool:
         return False
     if regular_nodes(topo, call.group) is None:
         return False
-    rings = nccl_rings(topo, call.group)
-    bus = _bus(topo, rings)
-    comm = nccl_comm(topo, group, len(rings))
+    rings = group_rings(topo, call.group)
+    bus = rings.bus
+    comm = nccl_comm(topo, group, len(rings.rings))
     protocols = _protocols(topo) or (Protocol.SIMPLE,)
     algorithm, _ = choose(call.op, comm, call.nbytes, {"ring": bus, "tree": bus}, protocols)
     return algorithm == "tree"

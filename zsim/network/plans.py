@@ -12,7 +12,8 @@ from zsim.cluster.topology import Topology
 from zsim.errors import require
 from zsim.network.collective import Algorithm, CollectiveCall, CollectiveOp, Plan
 from zsim.network.gloo import gloo
-from zsim.network.nccl import hierarchical, nccl_prefers_tree, nccl_ring, nccl_tree
+from zsim.network.nccl import nccl_prefers_tree, nccl_ring, nccl_tree
+from zsim.network.nccl_hierarchical import hierarchical
 from zsim.network.patterns import Built, point_to_point
 
 Builder = Callable[[Topology, CollectiveCall], Built]
