@@ -116,3 +116,17 @@ def point_to_point(topo: Topology, call: CollectiveCall) -> Built:
         per_rank = fair_share(topo, phase.src, phase.dst) * (n - 1)
     closed = ring_closed_form_s(call.op, n, size, max_latency(topo, phase.src, phase.dst), per_rank)
     return [phase], closed
+
+
+def member_pair_links(topo: Topology, groups: Sequence[Sequence[int]]) -> tuple[IntArray, IntArray]:
+    """(capacity, group index) of every hop of every route between two members of a group
+    (groups of one size), every ordered pair taken, in one batch of routes: a superset of the
+    links any algorithm's flows on the group cross."""
+    members = np.array(groups, dtype=np.int64)  # (groups, size)
+    size = members.shape[1]
+    off_diagonal = ~np.eye(size, dtype=bool)
+    src = np.repeat(members, size, axis=1).reshape(-1, size, size)[:, off_diagonal]
+    dst = np.tile(members, size).reshape(-1, size, size)[:, off_diagonal]
+    owner = np.repeat(np.arange(len(members)), off_diagonal.sum())
+    routes = topo.routes_of(src.ravel(), dst.ravel())
+    return topo.resource[routes.pair_link], owner[routes.pair_flow]

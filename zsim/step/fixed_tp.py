@@ -13,6 +13,7 @@ import numpy as np
 from zsim.cluster.grid import GroupKind, RankGrid
 from zsim.network.collective import CollectiveCall, CollectiveOp
 from zsim.network.communicator import Communicator
+from zsim.network.patterns import member_pair_links
 from zsim.step.program import Comm
 
 
@@ -28,7 +29,9 @@ def tp_fixed_time(grid: RankGrid, comms: Communicator) -> Callable[[Comm], float
     if seen is None:
         return None
     dp_groups = [grp for grp in grid.groups(GroupKind.DP) if len(grp) > 1]
-    if any(not seen.isdisjoint(comms.links_of(CollectiveCall(op, 1.0, g))) for g in dp_groups):
+    if not _apart(seen, dp_groups, comms) and any(
+        not seen.isdisjoint(comms.links_of(CollectiveCall(op, 1.0, g))) for g in dp_groups
+    ):
         return None
     if not seen.isdisjoint(_pipeline_links(grid, comms)):
         return None
@@ -43,18 +46,25 @@ def _tp_links(groups: tuple[tuple[int, ...], ...], comms: Communicator) -> set[i
     """The links the TP groups' flows can cross, None when a link is reachable from two
     groups. Every ordered pair of members is taken (one batch of routes, no planning): a
     superset of any algorithm's flows, so disjoint here means disjoint rings."""
-    members = np.array(groups, dtype=np.int64)  # (groups, tp)
-    size = members.shape[1]
-    off_diagonal = ~np.eye(size, dtype=bool)
-    src = np.repeat(members, size, axis=1).reshape(-1, size, size)[:, off_diagonal]
-    dst = np.tile(members, size).reshape(-1, size, size)[:, off_diagonal]
-    owner = np.repeat(np.arange(len(members)), off_diagonal.sum())
-    routes = comms.topology.routes_of(src.ravel(), dst.ravel())
-    links = comms.topology.resource[routes.pair_link]
-    owned = np.unique(np.stack([links, owner[routes.pair_flow]]), axis=1)
+    links, owner = member_pair_links(comms.topology, groups)
+    owned = np.unique(np.stack([links, owner]), axis=1)
     if len(np.unique(owned[0])) < owned.shape[1]:
         return None  # some link serves two TP groups: they contend
     return set(owned[0].tolist())
+
+
+_PAIRS_AT_ONCE = 1 << 17
+"""Above this many member pairs the data-parallel groups are planned one by one instead."""
+
+
+def _apart(seen: set[int], groups: list[tuple[int, ...]], comms: Communicator) -> bool:
+    """Whether no route between two members of any of `groups` crosses a link in `seen`: then
+    no algorithm's flows do, and the groups need not be planned (False: they may)."""
+    size = len(groups[0]) if groups else 0
+    if not groups or any(len(g) != size for g in groups) or len(groups) * size**2 > _PAIRS_AT_ONCE:
+        return False
+    links, _ = member_pair_links(comms.topology, groups)
+    return seen.isdisjoint(np.unique(links).tolist())
 
 
 def _pipeline_links(grid: RankGrid, comms: Communicator) -> set[int]:

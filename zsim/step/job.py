@@ -7,6 +7,7 @@ ZeRO-3 gathers in flight, the kernel timings) hold it themselves.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from zsim.cluster.device import DeviceProfile
 from zsim.workload.layout import rank_chunks
@@ -50,6 +51,10 @@ class StageJob:
 
     def params(self) -> int:
         """Parameters this rank holds (its TP slice of its stage's layers)."""
+        return self._params
+
+    @cached_property
+    def _params(self) -> int:  # asked once per micro-batch by the builder: summed once
         return sum(x.params(self.cfg.tp) for chunk in self.chunks for x in chunk)
 
     def padded(self, numel: float) -> float:

@@ -102,14 +102,21 @@ def _gather(
 ) -> tuple[_Intervals, dict[str, _Intervals]]:
     """A rank's compute intervals, and its communication intervals by category."""
     compute, comm = _Intervals(), dict[str, _Intervals]()
-    zero = np.zeros(1)
+    own_compute: list[tuple[float, float]] = []
+    own_comm: dict[str, list[tuple[float, float]]] = {}
     for s in spans:
         if s.rank != rank:
             continue
         if not _computes(s):
-            comm.setdefault(s.category, _Intervals()).add(zero, *_arrays([(s.start_s, s.end_s)]))
+            own_comm.setdefault(s.category, []).append((s.start_s, s.end_s))
         elif s.stream is not Stream.HOST:
-            compute.add(zero, *_arrays([(s.start_s, s.end_s)]))
+            own_compute.append((s.start_s, s.end_s))
+    zero = np.zeros(1)  # the spans as one block each way, in their order
+    if own_compute:
+        compute.add(zero, *_arrays(own_compute))
+    for category, intervals in own_comm.items():
+        comm[category] = _Intervals()
+        comm[category].add(zero, *_arrays(intervals))
     templates: dict[int, Template] = {}
     starts: dict[int, list[float]] = {}
     for p in passes:
