@@ -102,19 +102,19 @@ def _gather(
 ) -> tuple[_Intervals, dict[str, _Intervals]]:
     """A rank's compute intervals, and its communication intervals by category."""
     compute, comm = _Intervals(), dict[str, _Intervals]()
-    own_compute: list[tuple[float, float]] = []
-    own_comm: dict[str, list[tuple[float, float]]] = {}
+    span_compute: list[tuple[float, float]] = []
+    span_comm: dict[str, list[tuple[float, float]]] = {}
     for s in spans:
         if s.rank != rank:
             continue
         if not _computes(s):
-            own_comm.setdefault(s.category, []).append((s.start_s, s.end_s))
+            span_comm.setdefault(s.category, []).append((s.start_s, s.end_s))
         elif s.stream is not Stream.HOST:
-            own_compute.append((s.start_s, s.end_s))
+            span_compute.append((s.start_s, s.end_s))
     zero = np.zeros(1)  # the spans as one block each way, in their order
-    if own_compute:
-        compute.add(zero, *_arrays(own_compute))
-    for category, intervals in own_comm.items():
+    if span_compute:
+        compute.add(zero, *_arrays(span_compute))
+    for category, intervals in span_comm.items():
         comm[category] = _Intervals()
         comm[category].add(zero, *_arrays(intervals))
     templates: dict[int, Template] = {}
