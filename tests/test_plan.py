@@ -176,3 +176,30 @@ def test_the_playbook_page_is_what_the_planner_recommends():
     written = {cells[0].lstrip("| "): cells[3] for cells in table}
     for row in ROWS:
         assert written[row.scenario] == answer(row).layout, row.scenario
+
+
+def test_zero3s_blocking_fetch_is_waited_for_whole():
+    # DeepSpeed's coordinator fetches a module that is not yet gathered and waits for it (the
+    # forward's first, the 77M-element embedding): nothing runs ahead of it to hide it. Over
+    # 100 GbE that gather is most of ZeRO-3's exposed time, and qwZ halves it; the
+    # discrete-event simulation (the reference of the fast tier) ranks qwZ first.
+    model, topo, gpu = (
+        preset("gpt-760m"),
+        presets.topology("2x4-ethernet"),
+        presets.gpu("a100-80gb"),
+    )
+    from zsim.network.collective import CollectiveCall, CollectiveOp
+    from zsim.network.plans import estimate_s
+    from zsim.plan.advice import describe
+
+    wanted = ("ZeRO-3, dp8 tp1 pp1, mb 8x1", "ZeRO-3, qwZ, dp8 tp1 pp1, mb 8x1")
+    chosen = {describe(c): c for c in layouts(model, 8, 4, 64) if describe(c) in wanted}
+    plain, quantized = (chosen[w] for w in wanted)
+    estimator = Estimator(model, topo, gpu)
+    closed = [estimator.estimate(c).step_s for c in (plain, quantized)]
+    simulated = [simulate(model, c, topo, gpu).step_time_s for c in (plain, quantized)]
+    assert (closed[1] < closed[0]) == (simulated[1] < simulated[0])
+    embedding = model.layer_list()[0].params()  # word and position embeddings: one module
+    padded = -(-embedding // 8) * 8
+    fetch = estimate_s(topo, CollectiveCall(CollectiveOp.ALL_GATHER, 2.0 * padded, tuple(range(8))))
+    assert estimator.estimate(plain).exposed_comm_s >= fetch

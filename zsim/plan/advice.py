@@ -77,10 +77,11 @@ def _config(cfg: ParallelConfig) -> dict[str, Any]:
 def stage_rule(
     model: ModelSpec, device: DeviceProfile, estimator: Estimator, best: Candidate
 ) -> str:
-    """The seeds' rule for the winner's layout: each ZeRO stage's memory without offload, the
-    first that fits, and what ZeRO-3 would cost in data-parallel traffic for how much more
-    headroom."""
-    cfg = replace(best.cfg, offload=Offload.NONE)
+    """The seeds' rule for the winner's layout: each plain ZeRO stage's memory without offload
+    (nor ZeRO++'s hpZ copy or qwZ: the seeds' stages), the first that fits, and what ZeRO-3
+    would cost in data-parallel traffic for how much more headroom."""
+    plain = replace(best.cfg.knobs, hpz_partition_size=1, quantized_weights=False)
+    cfg = replace(best.cfg, offload=Offload.NONE, knobs=plain)
     if cfg.pp > 1:
         return "ZeRO-2 and ZeRO-3 do not run with pipeline parallelism (DeepSpeed): ZeRO-0/1 only."
     usable = device.usable_bytes

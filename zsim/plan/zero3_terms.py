@@ -1,18 +1,22 @@
 """ZeRO-3's data-parallel terms in the planner's closed form, ZeRO++'s hpZ and qwZ included.
 
-Per micro-step the compute waits for the gathers beyond the forward they prefetch behind, and
-for the gathers and reduce-scatters (one NCCL stream where one group serves both) beyond the
-backward. With hpZ only the first forward after a step gathers over every data-parallel rank;
-every later gather runs in the rank's secondary group of h consecutive ranks (its parameters'
-secondary partition exists from their first release to the step: `zsim.step.zero3`). qwZ
-gathers int8 values and fp32 scales, paying a quantize on the gather stream and a dequantize
-on the compute stream at the device's copy rate.
+Per micro-step the compute waits for each module's own (blocking) fetch whole, as nothing is
+ahead of it to hide behind (DeepSpeed's coordinator fetches a module that is not yet available
+and waits: the forward's first module, the embedding, at least), for the prefetches beyond the
+forward they run behind, and for the backward's prefetches and reduce-scatters (one NCCL stream
+where one group serves both) beyond the backward. With hpZ only the first forward after a
+step gathers over every data-parallel rank; every later gather runs in the rank's secondary
+group of h consecutive ranks (its parameters' secondary partition exists from their first
+release to the step: `zsim.step.zero3`). qwZ gathers int8 values and fp32 scales, paying a
+quantize on the gather stream and a dequantize on the compute stream at the device's copy
+rate.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from zsim.cluster.device import DeviceProfile
 from zsim.network.collective import CollectiveOp
@@ -22,21 +26,34 @@ from zsim.workload.parallel import ParallelConfig
 Collective = Callable[[CollectiveOp, float, tuple[int, ...]], float]
 
 
+@dataclass(frozen=True)
+class Gathered:
+    """Elements a micro-step's forward and backward gather (each call padded to dp), and the
+    calls among them that are a module's own blocking fetch (`zsim.step.zero3.Gather`)."""
+
+    forward: float
+    backward: float
+    forward_blocking: tuple[float, ...] = ()
+    backward_blocking: tuple[float, ...] = ()
+
+
 def zero3_terms(
     cfg: ParallelConfig,
     device: DeviceProfile,
     collective_s: Collective,
     groups: tuple[tuple[int, ...], tuple[int, ...]],
-    sizes: tuple[float, float, float, float],
+    sizes: tuple[float, float],
+    gathered: Gathered,
     passes: tuple[float, float],
 ) -> tuple[float, float]:
     """(exposed seconds, bytes one GPU sends) of a step's ZeRO-3 collectives: `groups` are the
     data-parallel group and the one later gathers use (itself without hpZ); `sizes` the rank's
-    parameters, their padded count (what the reduce-scatters take) and the elements a
+    parameters and their padded count (what the reduce-scatters take); `gathered` what a
     micro-step's forward and backward gather (DeepSpeed's coordinator, replayed: a model
     within `stage3_max_reuse_distance` stays gathered into its backward); `passes` a
     micro-step's forward and backward."""
-    (forward, backward), (params, padded, ahead, behind) = passes, sizes
+    (forward, backward), (params, padded) = passes, sizes
+    ahead, behind = gathered.forward, gathered.backward
     d, m = cfg.precision.bytes, cfg.grad_accum
     dtype, quantized = str(cfg.precision), cfg.knobs.quantized_weights
     everyone, later = groups
@@ -55,9 +72,18 @@ def zero3_terms(
         seconds += collective_s(CollectiveOp.ALL_GATHER, scales, group)
         return seconds, (n - 1) / n * (numel + scales)
 
-    first_s, first_b = gather(everyone, ahead)
-    again_s, again_b = gather(later, ahead)
-    back_s, back_b = gather(later, behind)
+    def waited(
+        group: tuple[int, ...], calls: tuple[float, ...], total: float
+    ) -> tuple[float, float]:
+        """(seconds of the blocking fetches, of the prefetches: one call for all of them)."""
+        blocking = sum(gather(group, numel)[0] for numel in calls)
+        return blocking, gather(group, max(0.0, total - sum(calls)))[0]
+
+    first_b, again_b = gather(everyone, ahead)[1], gather(later, ahead)[1]
+    back_b = gather(later, behind)[1]
+    first_wait, first_s = waited(everyone, gathered.forward_blocking, ahead)
+    again_wait, again_s = waited(later, gathered.forward_blocking, ahead)
+    back_wait, back_s = waited(later, gathered.backward_blocking, behind)
     n = len(everyone)
     scatter = collective_s(CollectiveOp.REDUCE_SCATTER, padded * d, everyone)
     # the buckets' copies run beside the reduce-scatters, on the reduction stream
@@ -65,8 +91,9 @@ def zero3_terms(
     # beyond the backward they overlap, and the last bucket's reduce-scatter in any case: the
     # backward ends by waiting for it (stage3.py synchronizes the device there)
     buckets = max(1, math.ceil(params / cfg.knobs.reduce_bucket_size))
-    tail = max(back_s + scatter - backward, scatter / buckets)
-    exposed = max(0.0, first_s - forward) + tail + (m - 1) * (max(0.0, again_s - forward) + tail)
+    tail = back_wait + max(back_s + scatter - backward, scatter / buckets)
+    first = first_wait + max(0.0, first_s - forward)
+    exposed = first + tail + (m - 1) * (again_wait + max(0.0, again_s - forward) + tail)
     if quantized:  # each gather's dequantize, on the compute stream
         exposed += m * device.copy_time_s(1.5 * (ahead + behind), dtype)
     sent = first_b + (m - 1) * again_b + m * (back_b + (n - 1) / n * padded * d)
