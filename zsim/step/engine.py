@@ -72,6 +72,7 @@ class Engine:
         self._contending: dict[tuple[int, CollectiveOp], list[tuple[int, ...]]] = {}
         self.programs = programs
         self._sends: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        self._peers: dict[tuple[int, int], int] = {}
         self._send_calls: dict[tuple[int, float, int], _SendCalls] = {}
         self._expected: dict[int, int] = {}
         # (op, bytes, id of a cached group, root) -> the call, holding the group alive
@@ -337,8 +338,12 @@ class Engine:
         return self._sends[key]
 
     def peer(self, rank: int, offset: int) -> int:
-        dp_i, pp_i, tp_i = self.coords(rank)
-        return self.grid.rank(dp_i, (pp_i + offset) % self.grid.pp, tp_i)
+        found = self._peers.get((rank, offset))
+        if found is None:  # asked for every send and receive: kept
+            dp_i, pp_i, tp_i = self.coords(rank)
+            found = self.grid.rank(dp_i, (pp_i + offset) % self.grid.pp, tp_i)
+            self._peers[(rank, offset)] = found
+        return found
 
     def send_calls(self, rank: int, comm: Comm) -> tuple[CollectiveCall, list[CollectiveCall]]:
         """A pipeline send's call, and the same send of the other (dp, tp) replicas whose
