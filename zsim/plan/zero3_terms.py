@@ -52,25 +52,13 @@ def zero3_terms(
     micro-step's forward and backward gather (DeepSpeed's coordinator, replayed: a model
     within `stage3_max_reuse_distance` stays gathered into its backward); `passes` a
     micro-step's forward and backward."""
-    (forward, backward), (params, padded) = passes, sizes
-    ahead, behind = gathered.forward, gathered.backward
+    (forward, backward), (params, padded), ahead = passes, sizes, gathered.forward
     d, m = cfg.precision.bytes, cfg.grad_accum
     dtype, quantized = str(cfg.precision), cfg.knobs.quantized_weights
     everyone, later = groups
 
     def gather(group: tuple[int, ...], numel: float) -> tuple[float, float]:
-        """(seconds, bytes sent) of gathering `numel` elements in `group`."""
-        n = len(group)
-        if numel <= 0:
-            return 0.0, 0.0
-        if not quantized:
-            seconds = collective_s(CollectiveOp.ALL_GATHER, numel * d, group)
-            return seconds, (n - 1) / n * numel * d
-        scales = n * 4 * quantizer_groups(numel / n)
-        seconds = device.copy_time_s(1.5 * numel / n, dtype)  # quantize the rank's shard
-        seconds += collective_s(CollectiveOp.ALL_GATHER, numel, group)
-        seconds += collective_s(CollectiveOp.ALL_GATHER, scales, group)
-        return seconds, (n - 1) / n * (numel + scales)
+        return _gather(cfg, device, collective_s, group, numel)
 
     def waited(
         group: tuple[int, ...], calls: tuple[float, ...], total: float
@@ -79,8 +67,10 @@ def zero3_terms(
         blocking = sum(gather(group, numel)[0] for numel in calls)
         return blocking, gather(group, max(0.0, total - sum(calls)))[0]
 
-    first_b, again_b = gather(everyone, ahead)[1], gather(later, ahead)[1]
-    back_b = gather(later, behind)[1]
+    behind = gathered.backward
+    first_b, again_b, back_b = (
+        gather(g, x)[1] for g, x in ((everyone, ahead), (later, ahead), (later, behind))
+    )
     first_wait, first_s = waited(everyone, gathered.forward_blocking, ahead)
     again_wait, again_s = waited(later, gathered.forward_blocking, ahead)
     back_wait, back_s = waited(later, gathered.backward_blocking, behind)
@@ -98,3 +88,25 @@ def zero3_terms(
         exposed += m * device.copy_time_s(1.5 * (ahead + behind), dtype)
     sent = first_b + (m - 1) * again_b + m * (back_b + (n - 1) / n * padded * d)
     return exposed, sent
+
+
+def _gather(
+    cfg: ParallelConfig,
+    device: DeviceProfile,
+    collective_s: Collective,
+    group: tuple[int, ...],
+    numel: float,
+) -> tuple[float, float]:
+    """(seconds, bytes sent) of gathering `numel` elements in `group` (qwZ: int8 values and
+    fp32 scales, after quantizing the rank's shard)."""
+    n, d, dtype = len(group), cfg.precision.bytes, str(cfg.precision)
+    if numel <= 0:
+        return 0.0, 0.0
+    if not cfg.knobs.quantized_weights:
+        seconds = collective_s(CollectiveOp.ALL_GATHER, numel * d, group)
+        return seconds, (n - 1) / n * numel * d
+    scales = n * 4 * quantizer_groups(numel / n)
+    seconds = device.copy_time_s(1.5 * numel / n, dtype)  # quantize the rank's shard
+    seconds += collective_s(CollectiveOp.ALL_GATHER, numel, group)
+    seconds += collective_s(CollectiveOp.ALL_GATHER, scales, group)
+    return seconds, (n - 1) / n * (numel + scales)
