@@ -97,6 +97,35 @@ def test_routes_cross_the_spine_only_between_leaves():
     assert sum("spine" in edge for edge in other_leaf) == 2
 
 
+def _pair_route_capacities(topo, group):
+    """What the flows of any collective on `group` may cross: every member pair's route."""
+    return {int(topo.resource[e]) for a in group for b in group for e in topo.route(a, b).links}
+
+
+@pytest.mark.parametrize(
+    ("name", "group"),
+    [
+        ("64x8-dgx-a100", [0, 8 * 19, 8 * 20, 8 * 63]),  # one rail, three leaves
+        ("64x8-dgx-a100", [1, 2, 8 * 20 + 5, 8 * 20 + 6]),  # two nodes, rails apart
+        ("2x4-ethernet", [0, 1, 2, 5]),
+        ("4x8-roce", [0, 3, 9, 31]),
+        ("2x2-cpu-1gbit", [0, 1, 3]),  # half-duplex loopback: one capacity per pair
+        ("1x8-dgx-h100", [0, 4, 7]),
+    ],
+)
+def test_a_groups_reach_covers_every_route_between_its_members(name, group):
+    topo = presets.topology(name)
+    assert set(topo.reach(group).tolist()) >= _pair_route_capacities(topo, group)
+
+
+def test_a_rail_groups_reach_is_its_routes_and_no_other_rails():
+    topo = presets.topology("128x8-dgx-a100")  # 7 leaves per rail
+    rail = [8 * node for node in range(128)]
+    reach = set(topo.reach(rail).tolist())
+    assert reach == _pair_route_capacities(topo, rail)
+    assert reach.isdisjoint(topo.reach([r + 1 for r in rail]).tolist())
+
+
 def test_route_latency_sums_the_hops():
     # ethernet preset: PCIe hops 0.5 us (x6 from GPU to NIC and back), NIC <-> leaf 5 us (x2)
     topo = presets.topology("2x4-ethernet")

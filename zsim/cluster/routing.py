@@ -122,17 +122,56 @@ def _across(
     local_b: IntArray,
 ) -> IntArray:
     """NIC up, [leaf -> spine, spine -> leaf,] NIC down: edge indices, -1 where no spine."""
-    nics = fabric.nics_per_node
-    nic_a, nic_b = local_a * nics // gpus, local_b * nics // gpus
-    base = nodes * template_edges
-    up = base + 2 * (node_a * nics + nic_a)
-    down = base + 2 * (node_b * nics + nic_b) + 1
-    leaf_a, leaf_b = leaf_of(fabric, nodes, node_a, nic_a), leaf_of(fabric, nodes, node_b, nic_b)
-    spine = base + 2 * nodes * nics
+    up, _, to_spine, leaf_a = _nic_edges(fabric, nodes, template_edges, gpus, node_a, local_a)
+    _, down, from_spine, leaf_b = _nic_edges(fabric, nodes, template_edges, gpus, node_b, local_b)
     crosses = (leaf_a != leaf_b) & (leaves(fabric, nodes) > 1)
-    to_spine = np.where(crosses, spine + 2 * leaf_a, -1)
-    from_spine = np.where(crosses, spine + 2 * leaf_b + 1, -1)
-    return np.stack([up, to_spine, from_spine, down], axis=1)
+    return np.stack(
+        [up, np.where(crosses, to_spine, -1), np.where(crosses, from_spine + 1, -1), down], axis=1
+    )
+
+
+def _nic_edges(
+    fabric: FabricSpec, nodes: int, template_edges: int, gpus: int, node: IntArray, local: IntArray
+) -> tuple[IntArray, IntArray, IntArray, IntArray]:
+    """(NIC up, NIC down, its leaf's link to the spine, the leaf) of GPUs (node, local); the
+    leaf's link from the spine is the next edge."""
+    nics = fabric.nics_per_node
+    nic = local * nics // gpus
+    base = nodes * template_edges
+    up = base + 2 * (node * nics + nic)
+    leaf = leaf_of(fabric, nodes, node, nic)
+    return up, up + 1, base + 2 * nodes * nics + 2 * leaf, leaf
+
+
+def reach_of(
+    members: IntArray, tables: RouteTables, fabric: FabricSpec, nodes: int, template_edges: int
+) -> IntArray:
+    """Every edge a route between two of `members` can cross (with repeats): a superset of
+    what any algorithm's flows on the group use, from O(members) pieces, not O(members^2)
+    routes. A route between nodes is its source's half (path to its NIC, NIC up, its leaf's
+    spine uplink where leaves differ) and its destination's (spine downlink, NIC down, path
+    from the NIC), so each member's both halves cover every pair it is in."""
+    gpus = tables.gpu_gpu.shape[0]
+    node, local = np.divmod(np.asarray(members, dtype=np.int64), gpus)
+    present = np.zeros((nodes, gpus), dtype=bool)
+    present[node, local] = True
+    hosts = np.unique(node)
+    at_host = present[hosts]  # (hosts, G): which locals each member node holds
+    pair = at_host[:, :, None] & at_host[:, None, :] & ~np.eye(gpus, dtype=bool)
+    where, a, b = np.nonzero(pair)
+    parts = [_shifted(tables.gpu_gpu[a, b], hosts[where] * template_edges).ravel()]
+    if len(hosts) > 1:
+        up, down, to_spine, leaf = _nic_edges(fabric, nodes, template_edges, gpus, node, local)
+        parts += [
+            _shifted(tables.gpu_nic[local], node * template_edges).ravel(),
+            _shifted(tables.nic_gpu[local], node * template_edges).ravel(),
+            up,
+            down,
+        ]
+        if len(np.unique(leaf)) > 1:
+            parts += [to_spine, to_spine + 1]
+    found = np.concatenate(parts)
+    return found[found >= 0]
 
 
 def _compacted(links: IntArray, latency: FloatArray) -> Routes:

@@ -39,7 +39,7 @@ from zsim.cluster.build import (
     node_template,
 )
 from zsim.cluster.fabric import FabricSpec, LinkClass, LocalWork
-from zsim.cluster.routing import Routes, RouteTables, route_tables, routes_of
+from zsim.cluster.routing import Routes, RouteTables, reach_of, route_tables, routes_of
 from zsim.errors import positive_int, require
 
 T = TypeVar("T")
@@ -197,6 +197,14 @@ class Topology:
         if len(src) <= _FEW_FLOWS:
             return self._few_routes(src, dst)
         return self._many_routes(src, dst)
+
+    def reach(self, members: Sequence[int]) -> IntArray:
+        """The capacities (`resource` ids, with repeats) any route between two of `members`
+        can draw on: a superset of any collective's on that group (`routing.reach_of`)."""
+        found = reach_of(
+            np.asarray(members), self.route_tables, self.fabric, self.nodes, len(self.template)
+        )
+        return self.resource[found]
 
     def _few_routes(self, src: IntArray, dst: IntArray) -> Routes:
         found = [self.route(int(a), int(b)) for a, b in zip(src, dst, strict=True)]

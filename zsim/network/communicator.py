@@ -18,12 +18,7 @@ from zsim.cluster.fabric import Backend
 from zsim.cluster.topology import Topology
 from zsim.network.collective import Algorithm, CollectiveCall, CollectiveOp, Phase, Plan
 from zsim.network.flows import FlowGroup, FlowNetwork
-from zsim.network.patterns import member_pair_links
 from zsim.network.plans import plan
-
-_PAIRED_MEMBERS = 32
-"""Groups up to this size are tested for shared links by routing every pair of members
-(992 routes), before any planning."""
 
 
 def run_plan(
@@ -228,14 +223,10 @@ class Communicator:
         chosen = set(np.unique(routes.pair_flow[hit]).tolist())
         return [p for i, p in enumerate(others) if i in chosen]
 
-    def _reach(self, group: tuple[int, ...]) -> frozenset[int] | None:
-        """Every capacity a route between two members of `group` crosses (None for a group of
-        more than `_PAIRED_MEMBERS`: too many pairs to route)."""
-        if len(group) > _PAIRED_MEMBERS:
-            return None
+    def _reach(self, group: tuple[int, ...]) -> frozenset[int]:
+        """Every capacity a route between two members of `group` can cross."""
         if group not in self._reaches:
-            links, _ = member_pair_links(self.topology, [group])
-            self._reaches[group] = frozenset(np.unique(links).tolist())
+            self._reaches[group] = frozenset(np.unique(self.topology.reach(group)).tolist())
         return self._reaches[group]
 
     def shares_links(
@@ -244,8 +235,7 @@ class Communicator:
         """Whether `op` on the two groups crosses a common link (then they contend). Groups
         whose members' routes cross no common link do not, whatever their algorithm: that is
         tested first, without planning either."""
-        reach_a, reach_b = self._reach(tuple(group_a)), self._reach(tuple(group_b))
-        if reach_a is not None and reach_b is not None and reach_a.isdisjoint(reach_b):
+        if self._reach(tuple(group_a)).isdisjoint(self._reach(tuple(group_b))):
             return False
         a = self.links_of(CollectiveCall(op, 1.0, tuple(group_a)))
         b = self.links_of(CollectiveCall(op, 1.0, tuple(group_b)))

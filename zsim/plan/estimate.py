@@ -86,6 +86,7 @@ class Estimator:
         self._flops: dict[object, float] = {}  # forward FLOPs, message sizes, step passes
         self._stages: dict[tuple[object, ...], tuple[list[tuple[int, Layer]], int]] = {}
         self._gathers: dict[tuple[object, ...], list[tuple[int, bool, bool]]] = {}
+        self._replays: dict[tuple[object, ...], list[tuple[int, bool, bool]]] = {}
         self._gathered_sums: dict[tuple[object, ...], Gathered] = {}
 
     # ---- pieces ----
@@ -306,9 +307,14 @@ class Estimator:
         key += (cfg.flash_attention, k.prefetch_bucket_size, k.param_persistence_threshold)
         key += (k.max_live_parameters, k.max_reuse_distance)
         if key not in self._gathers:  # (elements, in the forward, blocking) of each call
-            trace = module_trace(self.model, cfg, rank_chunks(self.model, cfg, stage)[0])
-            gathers = replay(trace, k).gathers
-            self._gathers[key] = [(g.numel, trace[g.at].forward, g.blocking) for g in gathers]
+            trace = tuple(module_trace(self.model, cfg, rank_chunks(self.model, cfg, stage)[0]))
+            replayed = (trace, k)  # recompute and sequence parallelism often leave it alike
+            if replayed not in self._replays:
+                gathers = replay(trace, k).gathers
+                self._replays[replayed] = [
+                    (g.numel, trace[g.at].forward, g.blocking) for g in gathers
+                ]
+            self._gathers[key] = self._replays[replayed]
         padded = (*key, cfg.dp)
         if padded not in self._gathered_sums:
             sides = [0.0, 0.0]  # forward, backward
