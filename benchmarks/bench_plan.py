@@ -29,7 +29,8 @@ from results_md import write_block, write_csv
 
 from zsim.inputs import presets
 from zsim.memory import peak_ledger
-from zsim.plan.estimate import Estimator, spearman
+from zsim.plan.agreement import spearman
+from zsim.plan.estimate import Estimator
 from zsim.plan.planner import plan
 from zsim.plan.space import layouts
 from zsim.simulation import simulate

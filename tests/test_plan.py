@@ -9,7 +9,8 @@ import pytest
 
 from zsim.cli import main
 from zsim.inputs import presets
-from zsim.plan.estimate import Estimator, spearman
+from zsim.plan.agreement import spearman
+from zsim.plan.estimate import Estimator
 from zsim.plan.planner import plan
 from zsim.plan.space import Space, layouts
 from zsim.simulation import simulate

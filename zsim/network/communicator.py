@@ -223,8 +223,8 @@ class Communicator:
         chosen = set(np.unique(routes.pair_flow[hit]).tolist())
         return [p for i, p in enumerate(others) if i in chosen]
 
-    def _reach(self, group: tuple[int, ...]) -> frozenset[int]:
-        """Every capacity a route between two members of `group` can cross."""
+    def reach(self, group: tuple[int, ...]) -> frozenset[int]:
+        """Every capacity a route between two members of `group` can cross (kept)."""
         if group not in self._reaches:
             self._reaches[group] = frozenset(np.unique(self.topology.reach(group)).tolist())
         return self._reaches[group]
@@ -235,7 +235,7 @@ class Communicator:
         """Whether `op` on the two groups crosses a common link (then they contend). Groups
         whose members' routes cross no common link do not, whatever their algorithm: that is
         tested first, without planning either."""
-        if self._reach(tuple(group_a)).isdisjoint(self._reach(tuple(group_b))):
+        if self.reach(tuple(group_a)).isdisjoint(self.reach(tuple(group_b))):
             return False
         a = self.links_of(CollectiveCall(op, 1.0, tuple(group_a)))
         b = self.links_of(CollectiveCall(op, 1.0, tuple(group_b)))

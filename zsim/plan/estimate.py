@@ -385,19 +385,3 @@ class Estimator:
 def _kernel_key(c: ParallelConfig) -> tuple[object, ...]:
     """What a layer's pass time depends on."""
     return (c.tp, c.micro_batch, c.recompute, c.sequence_parallel, c.flash_attention, c.precision)
-
-
-def spearman(a: list[float], b: list[float]) -> float:
-    """Spearman's rank correlation of two lists without ties: how alike the two tiers order
-    the same layouts."""
-    ra, rb = _ranks(a), _ranks(b)
-    n = len(a)
-    return 1 - 6 * sum((x - y) ** 2 for x, y in zip(ra, rb, strict=True)) / (n * (n * n - 1))
-
-
-def _ranks(values: list[float]) -> list[int]:
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    ranks = [0] * len(values)
-    for rank, i in enumerate(order):
-        ranks[i] = rank
-    return ranks

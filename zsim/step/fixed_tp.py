@@ -53,18 +53,10 @@ def _tp_links(groups: tuple[tuple[int, ...], ...], comms: Communicator) -> set[i
     return set(owned[0].tolist())
 
 
-_PAIRS_AT_ONCE = 1 << 17
-"""Above this many member pairs the data-parallel groups are planned one by one instead."""
-
-
 def _apart(seen: set[int], groups: list[tuple[int, ...]], comms: Communicator) -> bool:
     """Whether no route between two members of any of `groups` crosses a link in `seen`: then
     no algorithm's flows do, and the groups need not be planned (False: they may)."""
-    size = len(groups[0]) if groups else 0
-    if not groups or any(len(g) != size for g in groups) or len(groups) * size**2 > _PAIRS_AT_ONCE:
-        return False
-    links, _ = member_pair_links(comms.topology, groups)
-    return seen.isdisjoint(np.unique(links).tolist())
+    return all(seen.isdisjoint(comms.reach(group)) for group in groups)
 
 
 def _pipeline_links(grid: RankGrid, comms: Communicator) -> set[int]:
