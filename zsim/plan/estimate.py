@@ -65,6 +65,17 @@ class Estimate:
     dp_traffic_bytes: float  # what one GPU sends in data-parallel collectives per step
 
 
+@dataclass(frozen=True)
+class _Pipeline:
+    """A layout's stages: each distinct one (stage, forward, backward, parameters held) at its
+    first index (a pipeline's middle stages are alike: each distinct stage's tail is timed
+    once), and the slowest stage's and all stages' forward plus backward."""
+
+    firsts: tuple[tuple[int, float, float, int], ...]
+    slowest: float
+    total: float
+
+
 class Estimator:
     """Closed-form step times for many layouts of one model on one cluster; what layouts
     share (a layer's pass at a TP width and micro-batch, a collective's line) is computed
@@ -76,10 +87,8 @@ class Estimator:
         self.gloo = topology.fabric.backend is Backend.GLOO
         self._passes: dict[tuple[object, ...], tuple[float, float]] = {}
         self._lines: dict[tuple[CollectiveOp, int], tuple[float, float]] = {}
-        self._pipelines: dict[
-            tuple[object, ...],
-            tuple[list[tuple[float, float]], dict[tuple[float, float, int], int]],
-        ] = {}
+        self._pipelines: dict[tuple[object, ...], _Pipeline] = {}
+        self._grids: dict[tuple[object, ...], RankGrid] = {}
         self._groups: dict[tuple[object, ...], tuple[int, ...]] = {}
         self._sends: dict[tuple[tuple[int, int], ...], tuple[int, int]] = {}
         self._beside: dict[int, tuple[tuple[int, ...], ...]] = {}  # DP group -> its TP peers'
@@ -149,13 +158,12 @@ class Estimator:
     # ---- a layout ----
 
     def estimate(self, cfg: ParallelConfig) -> Estimate:
-        grid = RankGrid(dp=cfg.dp, pp=cfg.pp, tp=cfg.tp)
+        grid = self._grid(cfg)
         kernel = (cfg.pp, cfg.virtual_stages, *_kernel_key(cfg))
-        passes, firsts = self._pipeline(cfg, kernel)
-        slowest = max(f + b for f, b in passes)
-        compute = cfg.grad_accum * slowest
-        bubble = self._bubble(cfg, grid, passes)
-        tails = [self._data_parallel(cfg, grid, s, *stage) for stage, s in firsts.items()]
+        pipeline = self._pipeline(cfg, kernel)
+        compute = cfg.grad_accum * pipeline.slowest
+        bubble = self._bubble(cfg, grid, pipeline)
+        tails = [self._data_parallel(cfg, grid, *stage) for stage in pipeline.firsts]
         exposed, optimizer = max(t[:2] for t in tails)
         step = compute + bubble + exposed + optimizer
         flops = 3 * self._forward_flops(cfg.micro_batch) * cfg.grad_accum * cfg.dp
@@ -174,16 +182,21 @@ class Estimator:
     def job(self, cfg: ParallelConfig, stage: int) -> StageJob:
         return StageJob.of(self.model, cfg, self.device, stage, self.gloo)
 
-    def _pipeline(
-        self, cfg: ParallelConfig, kernel: tuple[object, ...]
-    ) -> tuple[list[tuple[float, float]], dict[tuple[float, float, int], int]]:
-        """Every stage's (forward, backward), and each distinct stage with its first index (a
-        pipeline's middle stages are alike: each distinct stage's tail is timed once), kept
-        by `kernel`: the split and what a layer's pass depends on."""
+    def _grid(self, cfg: ParallelConfig) -> RankGrid:
+        key = ("grid", cfg.dp, cfg.pp, cfg.tp)
+        if key not in self._grids:
+            self._grids[key] = RankGrid(dp=cfg.dp, pp=cfg.pp, tp=cfg.tp)
+        return self._grids[key]
+
+    def _pipeline(self, cfg: ParallelConfig, kernel: tuple[object, ...]) -> _Pipeline:
+        """Every stage's passes, kept by `kernel`: the split and what a layer's pass depends
+        on."""
         if kernel not in self._pipelines:
             stages = [self._stage(cfg, s) for s in range(cfg.pp)]
             firsts = {stage: s for s, stage in reversed(list(enumerate(stages)))}
-            self._pipelines[kernel] = ([(f, b) for f, b, _ in stages], firsts)
+            steps = [f + b for f, b, _ in stages]
+            distinct = tuple((s, *stage) for stage, s in firsts.items())
+            self._pipelines[kernel] = _Pipeline(distinct, max(steps), sum(steps))
         return self._pipelines[kernel]
 
     def _stage(self, cfg: ParallelConfig, stage: int) -> tuple[float, float, int]:
@@ -207,9 +220,7 @@ class Estimator:
             self._flops[micro_batch] = forward_flops(self.model, micro_batch)
         return self._flops[micro_batch]
 
-    def _bubble(
-        self, cfg: ParallelConfig, grid: RankGrid, passes: list[tuple[float, float]]
-    ) -> float:
+    def _bubble(self, cfg: ParallelConfig, grid: RankGrid, pipeline: _Pipeline) -> float:
         """Pipeline fill and drain, and the sends: on the critical path in the fill and drain;
         in the steady state DeepSpeed's blocking sends add to every micro-batch; Megatron's
         asynchronous ones in 1F1B only where a stage's 2 sends per micro-batch take its link
@@ -220,11 +231,11 @@ class Estimator:
         if cfg.pp == 1:
             return 0.0
         send = self._send_s(cfg, grid)
-        slowest = max(f + b for f, b in passes)
+        slowest = pipeline.slowest
         if cfg.pp_schedule is PipelineSchedule.INTERLEAVED:
             fill = (cfg.pp - 1) * slowest / cfg.virtual_stages
         else:
-            fill = sum(f + b for f, b in passes) - slowest
+            fill = pipeline.total - slowest
         sends = 2 * (cfg.pp - 1) * send
         if cfg.pipeline_engine is PipelineEngine.DEEPSPEED:
             sends += 2 * (cfg.grad_accum - 1) * send  # blocking p2p on the compute stream
@@ -358,12 +369,16 @@ class Estimator:
             else cfg.knobs.reduce_bucket_size
         )
         calls = max(1, math.ceil(params / bucket))
-        d = cfg.precision.bytes
-        line = self.collective_s(
-            CollectiveOp.ALL_REDUCE, params / calls * d, group, self._beside[id(group)]
-        )
-        reduce = calls * line
-        reduce += self.device.copy_time_s(3 * d * params, str(cfg.precision))
+        key = ("reduce", id(group), calls, params, cfg.precision)
+        if key not in self._flops:  # the buckets' all-reduces and their copies
+            d = cfg.precision.bytes
+            line = self.collective_s(
+                CollectiveOp.ALL_REDUCE, params / calls * d, group, self._beside[id(group)]
+            )
+            self._flops[key] = calls * line + self.device.copy_time_s(
+                3 * d * params, str(cfg.precision)
+            )
+        reduce = self._flops[key]
         every_micro_batch = cfg.zero_stage is ZeroStage.GRADIENTS
         hidden = backward if cfg.overlap_comm and cfg.zero_stage is not ZeroStage.NONE else 0.0
         exposed = max(reduce - hidden, reduce / calls)  # the last bucket waits either way
