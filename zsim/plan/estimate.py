@@ -32,12 +32,11 @@ from zsim.cluster.topology import Topology
 from zsim.memory import stage_params
 from zsim.network.collective import CollectiveCall, CollectiveOp
 from zsim.network.communicator import Communicator, simulate_s
-from zsim.plan.zero3_terms import Gathered, zero3_terms
+from zsim.plan.zero3_terms import GatherSums, zero3_terms
 from zsim.step.job import StageJob
 from zsim.step.kernels import LayerKernels
 from zsim.step.optimizer import step_passes
 from zsim.step.program import Comm
-from zsim.step.zero3 import module_trace, replay
 from zsim.workload.layout import rank_chunks
 from zsim.workload.model import Layer, ModelSpec
 from zsim.workload.parallel import (
@@ -94,9 +93,7 @@ class Estimator:
         self._beside: dict[int, tuple[tuple[int, ...], ...]] = {}  # DP group -> its TP peers'
         self._flops: dict[object, float] = {}  # forward FLOPs, message sizes, step passes
         self._stages: dict[tuple[object, ...], tuple[list[tuple[int, Layer]], int]] = {}
-        self._gathers: dict[tuple[object, ...], list[tuple[int, bool, bool]]] = {}
-        self._replays: dict[tuple[object, ...], list[tuple[int, bool, bool]]] = {}
-        self._gathered_sums: dict[tuple[object, ...], Gathered] = {}
+        self._gathered = GatherSums(model)
 
     # ---- pieces ----
 
@@ -293,7 +290,7 @@ class Estimator:
             later = group if h <= 1 else self._kept(("hpz", h, id(group)), group[:h])
             groups, passes = (group, later), (forward, backward)
             sizes = (float(params), float(padded))
-            gathered = self._gathered(cfg, stage)
+            gathered = self._gathered.of(cfg, stage)
             exposed, sent = zero3_terms(
                 cfg, self.device, collective, groups, sizes, gathered, passes
             )
@@ -308,36 +305,6 @@ class Estimator:
             optimizer += self.collective_s(CollectiveOp.ALL_GATHER, padded * d, group, peers)
             sent += (n - 1) / n * padded * d
         return exposed, optimizer, sent
-
-    def _gathered(self, cfg: ParallelConfig, stage: int) -> Gathered:
-        """Elements a ZeRO-3 micro-step gathers in its forward and in its backward, and its
-        blocking fetches: DeepSpeed's coordinator replayed (`zsim.step.zero3.replay`), each
-        call padded to dp."""
-        k = cfg.knobs
-        key: tuple[object, ...] = (cfg.tp, cfg.recompute, cfg.sequence_parallel)
-        key += (cfg.flash_attention, k.prefetch_bucket_size, k.param_persistence_threshold)
-        key += (k.max_live_parameters, k.max_reuse_distance)
-        if key not in self._gathers:  # (elements, in the forward, blocking) of each call
-            trace = tuple(module_trace(self.model, cfg, rank_chunks(self.model, cfg, stage)[0]))
-            replayed = (trace, k)  # recompute and sequence parallelism often leave it alike
-            if replayed not in self._replays:
-                gathers = replay(trace, k).gathers
-                self._replays[replayed] = [
-                    (g.numel, trace[g.at].forward, g.blocking) for g in gathers
-                ]
-            self._gathers[key] = self._replays[replayed]
-        padded = (*key, cfg.dp)
-        if padded not in self._gathered_sums:
-            sides = [0.0, 0.0]  # forward, backward
-            blocking: tuple[list[float], list[float]] = ([], [])
-            for numel, forward, waits in self._gathers[key]:
-                elements = float(-(-numel // cfg.dp) * cfg.dp)
-                sides[0 if forward else 1] += elements
-                if waits:
-                    blocking[0 if forward else 1].append(elements)
-            found = Gathered(sides[0], sides[1], tuple(blocking[0]), tuple(blocking[1]))
-            self._gathered_sums[padded] = found
-        return self._gathered_sums[padded]
 
     def _dp_group(self, grid: RankGrid, stage: int) -> tuple[int, ...]:
         """The first pipeline stage's data-parallel group stands for every stage's: their

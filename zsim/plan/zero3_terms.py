@@ -20,7 +20,9 @@ from dataclasses import dataclass
 
 from zsim.cluster.device import DeviceProfile
 from zsim.network.collective import CollectiveOp
-from zsim.step.zero3 import quantizer_groups
+from zsim.step.zero3 import module_trace, quantizer_groups, replay
+from zsim.workload.layout import rank_chunks
+from zsim.workload.model import ModelSpec
 from zsim.workload.parallel import ParallelConfig
 
 Collective = Callable[[CollectiveOp, float, tuple[int, ...]], float]
@@ -110,3 +112,43 @@ def _gather(
     seconds += collective_s(CollectiveOp.ALL_GATHER, numel, group)
     seconds += collective_s(CollectiveOp.ALL_GATHER, scales, group)
     return seconds, (n - 1) / n * (numel + scales)
+
+
+class GatherSums:
+    """Elements a ZeRO-3 micro-step gathers in its forward and in its backward, and its
+    blocking fetches: DeepSpeed's coordinator replayed (`zsim.step.zero3.replay`) once per
+    distinct module trace, each call padded to dp."""
+
+    def __init__(self, model: ModelSpec) -> None:
+        self.model = model
+        self._gathers: dict[tuple[object, ...], list[tuple[int, bool, bool]]] = {}
+        self._replays: dict[tuple[object, ...], list[tuple[int, bool, bool]]] = {}
+        self._sums: dict[tuple[object, ...], Gathered] = {}
+
+    def of(self, cfg: ParallelConfig, stage: int) -> Gathered:
+        k = cfg.knobs
+        key: tuple[object, ...] = (cfg.pp, stage, cfg.tp, cfg.recompute, cfg.sequence_parallel)
+        key += (cfg.flash_attention, k.prefetch_bucket_size, k.param_persistence_threshold)
+        key += (k.max_live_parameters, k.max_reuse_distance)
+        if key not in self._gathers:  # (elements, in the forward, blocking) of each call
+            chunk = rank_chunks(self.model, cfg, stage)[0]
+            trace = tuple(module_trace(self.model, cfg, chunk))
+            replayed = (trace, k)  # recompute and sequence parallelism often leave it alike
+            if replayed not in self._replays:
+                gathers = replay(trace, k).gathers
+                self._replays[replayed] = [
+                    (g.numel, trace[g.at].forward, g.blocking) for g in gathers
+                ]
+            self._gathers[key] = self._replays[replayed]
+        padded = (*key, cfg.dp)
+        if padded not in self._sums:
+            sides = [0.0, 0.0]  # forward, backward
+            blocking: tuple[list[float], list[float]] = ([], [])
+            for numel, forward, waits in self._gathers[key]:
+                elements = float(-(-numel // cfg.dp) * cfg.dp)
+                sides[0 if forward else 1] += elements
+                if waits:
+                    blocking[0 if forward else 1].append(elements)
+            found = Gathered(sides[0], sides[1], tuple(blocking[0]), tuple(blocking[1]))
+            self._sums[padded] = found
+        return self._sums[padded]
