@@ -59,19 +59,20 @@ def zero3_terms(
     dtype, quantized = str(cfg.precision), cfg.knobs.quantized_weights
     everyone, later = groups
 
-    def gather(group: tuple[int, ...], numel: float) -> tuple[float, float]:
-        return _gather(cfg, device, collective_s, group, numel)
+    def gather(group: tuple[int, ...], numel: float) -> float:
+        return _gather_s(cfg, device, collective_s, group, numel)
 
     def waited(
         group: tuple[int, ...], calls: tuple[float, ...], total: float
     ) -> tuple[float, float]:
         """(seconds of the blocking fetches, of the prefetches: one call for all of them)."""
-        blocking = sum(gather(group, numel)[0] for numel in calls)
-        return blocking, gather(group, max(0.0, total - sum(calls)))[0]
+        blocking = sum(gather(group, numel) for numel in calls)
+        return blocking, gather(group, max(0.0, total - sum(calls)))
 
     behind = gathered.backward
     first_b, again_b, back_b = (
-        gather(g, x)[1] for g, x in ((everyone, ahead), (later, ahead), (later, behind))
+        _gather_bytes(cfg, len(g), x)
+        for g, x in ((everyone, ahead), (later, ahead), (later, behind))
     )
     first_wait, first_s = waited(everyone, gathered.forward_blocking, ahead)
     again_wait, again_s = waited(later, gathered.forward_blocking, ahead)
@@ -92,26 +93,37 @@ def zero3_terms(
     return exposed, sent
 
 
-def _gather(
+def _gather_s(
     cfg: ParallelConfig,
     device: DeviceProfile,
     collective_s: Collective,
     group: tuple[int, ...],
     numel: float,
-) -> tuple[float, float]:
-    """(seconds, bytes sent) of gathering `numel` elements in `group` (qwZ: int8 values and
-    fp32 scales, after quantizing the rank's shard)."""
+) -> float:
+    """Seconds of gathering `numel` elements in `group` (qwZ: int8 values and fp32 scales,
+    after quantizing the rank's shard)."""
     n, d, dtype = len(group), cfg.precision.bytes, str(cfg.precision)
     if numel <= 0:
-        return 0.0, 0.0
+        return 0.0
     if not cfg.knobs.quantized_weights:
-        seconds = collective_s(CollectiveOp.ALL_GATHER, numel * d, group)
-        return seconds, (n - 1) / n * numel * d
-    scales = n * 4 * quantizer_groups(numel / n)
+        return collective_s(CollectiveOp.ALL_GATHER, numel * d, group)
     seconds = device.copy_time_s(1.5 * numel / n, dtype)  # quantize the rank's shard
     seconds += collective_s(CollectiveOp.ALL_GATHER, numel, group)
-    seconds += collective_s(CollectiveOp.ALL_GATHER, scales, group)
-    return seconds, (n - 1) / n * (numel + scales)
+    return seconds + collective_s(CollectiveOp.ALL_GATHER, _scale_bytes(n, numel), group)
+
+
+def _gather_bytes(cfg: ParallelConfig, n: int, numel: float) -> float:
+    """Bytes one of `n` GPUs sends gathering `numel` elements (qwZ: int8 and the scales)."""
+    if numel <= 0:
+        return 0.0
+    if not cfg.knobs.quantized_weights:
+        return (n - 1) / n * numel * cfg.precision.bytes
+    return (n - 1) / n * (numel + _scale_bytes(n, numel))
+
+
+def _scale_bytes(n: int, numel: float) -> float:
+    """qwZ's fp32 scales of a gather over `n` ranks: one per quantizer group of each shard."""
+    return n * 4 * quantizer_groups(numel / n)
 
 
 class GatherSums:
