@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from zsim.calibrate.engine_fit import engine_host_s, tiny_case, tiny_model
+from zsim.calibrate.engine_fit import engine_host_s, tiny_case, tiny_model, tiny_pipe_case
 from zsim.calibrate.measurement import Kind, Measurement
 from zsim.calibrate.profile import load_profile
 from zsim.inputs import presets
@@ -13,7 +13,7 @@ from zsim.simulation import simulate
 from zsim.step.phases import simulated_phases
 from zsim.workload.mechanisms import Mechanism
 from zsim.workload.model_presets import preset
-from zsim.workload.parallel import ParallelConfig, Precision, ZeroStage
+from zsim.workload.parallel import ParallelConfig, PipelineEngine, Precision, ZeroStage
 
 PROFILE = load_profile("calibration/cpu-2rank.json")
 TOPOLOGY = "1x2-cpu"
@@ -72,12 +72,65 @@ def test_each_engine_call_pays_its_host_time_once(stage):
     assert with_host - without == pytest.approx(expected, rel=1e-6)
 
 
-def test_gpus_and_pipelines_pay_none():
-    host = replace(PROFILE, engine_host_s={"z1.forward": 1.0})
-    model = preset("toy-mlp")
-    cfg = ParallelConfig(dp=1, pp=2, zero_stage=ZeroStage(1), micro_batch=4, grad_accum=4,
-                         precision=Precision.FP32)  # fmt: skip
-    topo = presets.topology(TOPOLOGY)
-    with_host = simulate(model, cfg, topo, host).step_time_s
+def _pipeline(stage=1, engine=PipelineEngine.DEEPSPEED):
+    return ParallelConfig(dp=1, pp=2, zero_stage=ZeroStage(stage), micro_batch=4, grad_accum=4,
+                          precision=Precision.FP32, pipeline_engine=engine)  # fmt: skip
+
+
+def test_gpus_megatrons_pipeline_and_the_other_engines_keys_pay_none():
+    topo, model = presets.topology(TOPOLOGY), preset("toy-mlp")
+    for cfg, costs in [
+        (_pipeline(), {"z1.forward": 1.0}),  # DeepSpeedEngine's calls: not a pipeline's
+        (_pipeline(engine=PipelineEngine.MEGATRON), {"pipe1.forward": 1.0}),
+    ]:
+        host = replace(PROFILE, engine_host_s=costs)
+        with_host = simulate(model, cfg, topo, host).step_time_s
+        assert with_host == simulate(model, off(cfg), topo, host).step_time_s
+
+
+def test_a_pipelines_instructions_pay_their_host_time_on_its_critical_path():
+    """Host time far above the step's own: 1F1B over p = 2 stages and m = 4 micro-batches
+    takes (m + p - 1) forward-and-backward slots (Narayanan et al. 2021, sec. 2.2), then the
+    step: 5 x (1 + 2) + 0.5 s."""
+    costs = {"pipe0.forward": 1.0, "pipe0.backward": 2.0, "pipe0.step": 0.5}
+    host = replace(PROFILE, engine_host_s=costs)
+    model, topo, cfg = preset("toy-mlp"), presets.topology(TOPOLOGY), _pipeline(stage=0)
     without = simulate(model, off(cfg), topo, host).step_time_s
-    assert with_host == without
+    grown = simulate(model, cfg, topo, host).step_time_s - without
+    assert abs(grown - 15.5) < without
+
+
+def test_a_pipelines_blocking_sends_pay_their_host_time():
+    """Each stage sends m = 4 messages on its compute stream (DeepSpeed's p2p blocks): the
+    step grows by at least those of one stage and at most those of both."""
+    host = replace(PROFILE, engine_host_s={"pipe1.send": 1.0})
+    model, topo, cfg = preset("toy-mlp"), presets.topology(TOPOLOGY), _pipeline()
+    without = simulate(model, off(cfg), topo, host).step_time_s
+    grown = simulate(model, cfg, topo, host).step_time_s - without
+    assert 4.0 - without < grown < 8.0 + without
+
+
+def test_a_pipelines_host_time_is_read_off_rank_0s_instructions():
+    """Rows that take what the simulator charges rank 0 plus injected host time give it back
+    (the first stage holds 8 / 2 and 16 / 2 of the tiny layers)."""
+    bare = replace(PROFILE, engine_host_s={})
+    topo = presets.topology(TOPOLOGY)
+    call, per_tensor = {"forward": 2e-4, "backward": 3e-4, "step": 1e-3}, 1e-5
+    rows = []
+    for layers in (8, 16):
+        report = simulate(tiny_model(layers), tiny_pipe_case(1, 2), topo, bare)
+        spans = [s for s in report.engine.all_spans() if s.rank == 0]
+        passes = {c: sum(s.end_s - s.start_s for s in spans if s.category == c) / 4
+                  for c in ("forward", "backward")}  # fmt: skip
+        passes["step"] = report.step_time_s - max(
+            s.end_s for s in spans if s.category in ("forward", "backward", "pp_comm")
+        )
+        for p, extra in call.items():
+            t = passes[p] + extra + per_tensor * layers / 2
+            rows.append(
+                Measurement(Kind.ENGINE_HOST, f"pipe1.{p}", "fp32", (t,) * 5, params=layers)
+            )
+    found = engine_host_s(PROFILE, rows, TOPOLOGY)
+    expected = {f"pipe1.{p}": s for p, s in call.items()}
+    expected |= {f"pipe1.{p}_per_tensor": per_tensor for p in call}
+    assert found == pytest.approx(expected, abs=1e-9)

@@ -167,6 +167,16 @@ def test_deepspeed_pipeline_bubble(p, m):
     assert (step - ideal_step(cfg)) / step == pytest.approx((p - 1) / (m + p - 1), rel=1e-3)
 
 
+def test_only_a_model_with_a_tied_embedding_reduces_it_between_first_and_last_stage():
+    """DeepSpeed's `allreduce_tied_weight_gradients` and Megatron's embedding all-reduce run
+    over tied weights; the seeds' MLP (no vocabulary) has none, a GPT ties its embedding."""
+    cfg = ParallelConfig(pp=2, grad_accum=2, micro_batch=2)
+    gpt = with_overrides(preset("gpt-125m"), layers=2)
+    for model, expected in [(MLP, 0), (gpt, 2)]:  # the GPT's: one on each end stage
+        spans = simulate(model, cfg, ideal(2), flat_device()).engine.all_spans()
+        assert sum(s.name.endswith("tied_embedding_allreduce") for s in spans) == expected
+
+
 def test_a_straggler_sets_the_step_of_every_rank_it_syncs_with():
     # on a network where communication costs nothing, a data-parallel step is compute then
     # a blocking all-reduce: the step waits for the slowest rank, f x slower (f x the step)

@@ -4,8 +4,8 @@ the median of 3 launches; on 1x2 also a small GPT, data parallel and Megatron-st
 DeepSpeed's PipelineEngine at pp 2), then write the tables of README.md here and exit
 non-zero when the MAPE over every case exceeds 10 %.
 
-    python benchmarks/validation/loop.py [--layouts 1x2,1x4,1x4-gpt,2x2,2x4] [--reuse-profiles]
-        [--calibrate-only]
+    python benchmarks/validation/loop.py [--layouts 1x2,1x2-pp,1x4,1x4-gpt,2x2,2x4]
+        [--reuse-profiles] [--calibrate-only]
 
 The emulated layouts (2x2, 2x4: network namespaces joined by tc-shaped veth links) need root.
 Each profile is calibrated just before its validation, one run at a time: the machine should
@@ -59,6 +59,12 @@ LAYOUTS = {
             Validation("cpu-1x2", ON_1X2),
             Validation("cpu-1x2-gpt", (*ON_1X2, "--warmup", "5"), GPT),
             Validation("cpu-1x2-gpt-tp2", (*ON_1X2, "--warmup", "5", "--tp", "2"), GPT),
+        ),
+    ),
+    "1x2-pp": Layout(  # DeepSpeed's PipelineEngine, its own profile calibrated just before
+        "cpu-2rank-pipe",
+        ("--nproc", "2", "--model", MODEL),
+        (
             Validation(
                 "cpu-1x2-pp2", (*ON_1X2, "--pp", "2", "--grad-accum", "4", "--stages", "0,1")
             ),

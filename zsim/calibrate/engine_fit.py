@@ -4,20 +4,27 @@ fitted profile (its kernels, collectives and Adam step). Two layer counts give a
 parameter tensors (each tiny layer holds one): what a call costs and what each tensor adds
 (ZeRO-3's step gathers every persistent parameter apart, `_post_step`), both at least 0. The
 simulator charges them once per call on a CPU rank (`DeviceProfile.engine_host_s`, keys
-"z<stage>.<phase>" and "z<stage>.<phase>_per_tensor"; `step.job.StageJob.engine_host_s`)."""
+"z<stage>.<phase>" and "z<stage>.<phase>_per_tensor"; `step.job.StageJob.engine_host_s`).
+DeepSpeed's PipelineEngine likewise, per instruction ("pipe<stage>.<phase>", `pipe_host`):
+rank 0's (the first stage's) time per call against the simulated tiny pipeline's on rank 0."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from zsim.calibrate.measurement import Kind, Measurement
 from zsim.cluster.device import DeviceProfile
+from zsim.cluster.topology import Topology
+from zsim.step.spans import Span
 from zsim.workload.model import ModelSpec
 from zsim.workload.model_presets import preset, with_overrides
-from zsim.workload.parallel import ParallelConfig, Precision, ZeroStage
+from zsim.workload.parallel import ParallelConfig, PipelineEngine, Precision, ZeroStage
 
 LAYERS = (8, 16)
+PIPE_STAGES = (0, 1)  # the ZeRO stages DeepSpeed's PipelineEngine runs
+PIPE_PHASES = ("forward", "backward", "send", "step")
+PIPE_MICRO_BATCHES = 4
 WIDTH = 64  # kernels of microseconds: the step is mostly the engine's own time
 MICRO_BATCH = 4
 
@@ -33,14 +40,25 @@ def tiny_case(stage: int, world: int) -> ParallelConfig:
     )
 
 
+def tiny_pipe_case(stage: int, world: int) -> ParallelConfig:
+    """A stage per rank, DeepSpeed's PipelineEngine, `PIPE_MICRO_BATCHES` per step."""
+    return ParallelConfig(
+        pp=world,
+        zero_stage=ZeroStage(stage),
+        micro_batch=MICRO_BATCH,
+        grad_accum=PIPE_MICRO_BATCHES,
+        precision=Precision.FP32,
+        pipeline_engine=PipelineEngine.DEEPSPEED,
+    )
+
+
 def engine_host_s(
     profile: DeviceProfile, rows: Sequence[Measurement], topology: str
 ) -> dict[str, float]:
     """{"z<stage>.<phase>": host seconds per call, "..._per_tensor": per parameter tensor}
-    from the ENGINE_HOST rows (ops "z<stage>.<phase>", `params` = layers)."""
+    from the ENGINE_HOST rows (ops "z<stage>.<phase>" or "pipe<stage>.<phase>", `params` =
+    layers; a pipeline's rank holds its stage's share)."""
     from zsim.inputs import presets
-    from zsim.simulation import simulate
-    from zsim.step.phases import simulated_phases
 
     measured = [r for r in rows if r.kind is Kind.ENGINE_HOST]
     if not measured:
@@ -48,13 +66,13 @@ def engine_host_s(
     topo = presets.topology(topology)
     bare = replace(profile, engine_host_s={})
     extra: dict[str, list[tuple[int, float]]] = {}
-    for stage, layers in sorted({(int(r.op.split(".")[0][1:]), r.params) for r in measured}):
-        report = simulate(tiny_model(layers), tiny_case(stage, topo.world_size), topo, bare)
-        simulated = simulated_phases(report.engine.all_spans(), 0, report.step_time_s)
+    for call, layers in sorted({(r.op.split(".")[0], r.params) for r in measured}):
+        simulated = _simulated(call, layers, bare, topo)
         for r in measured:
-            if r.op.startswith(f"z{stage}.") and r.params == layers:
+            if r.op.startswith(f"{call}.") and r.params == layers:
                 beyond = r.median_s - simulated[r.op.split(".")[1]]
-                extra.setdefault(r.op, []).append((layers, beyond))
+                held = layers // topo.world_size if call.startswith("pipe") else layers
+                extra.setdefault(r.op, []).append((held, beyond))  # rank 0's tensors
     out = {}
     for call, points in extra.items():
         (l0, t0), (l1, t1) = min(points), max(points)
@@ -62,3 +80,33 @@ def engine_host_s(
         out[call] = max(0.0, t0 - per_tensor * l0)
         out[f"{call}_per_tensor"] = per_tensor
     return out
+
+
+def _simulated(call: str, layers: int, bare: DeviceProfile, topo: Topology) -> dict[str, float]:
+    """Seconds per call the simulator charges rank 0 for the tiny step of `call` ("z<stage>"
+    or "pipe<stage>"), by phase."""
+    from zsim.simulation import simulate
+    from zsim.step.phases import simulated_phases
+
+    pipe = call.startswith("pipe")
+    stage = int(call.removeprefix("pipe" if pipe else "z"))
+    case = (tiny_pipe_case if pipe else tiny_case)(stage, topo.world_size)
+    report = simulate(tiny_model(layers), case, topo, bare)
+    spans = [s for s in report.engine.all_spans() if s.rank == 0]
+    if not pipe:
+        return simulated_phases(spans, 0, report.step_time_s)
+    m = case.grad_accum
+
+    def seconds(keep: Callable[[Span], bool]) -> float:
+        return sum(s.end_s - s.start_s for s in spans if keep(s))
+
+    passes_end = max(s.end_s for s in spans if s.category in _PIPE_CATEGORIES)
+    return {
+        "forward": seconds(lambda s: s.category == "forward") / m,
+        "backward": seconds(lambda s: s.category == "backward") / m,
+        "send": seconds(lambda s: s.category == "pp_comm" and s.name.startswith("send.")) / m,
+        "step": report.step_time_s - passes_end,
+    }
+
+
+_PIPE_CATEGORIES = ("forward", "backward", "pp_comm")

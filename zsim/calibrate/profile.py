@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from zsim.calibrate.engine_fit import PIPE_PHASES, PIPE_STAGES
 from zsim.calibrate.fit import Residual, fit_profile
 from zsim.calibrate.measurement import Kind, Measurement, algbw, busbw
 from zsim.cluster.device import ComputeRates, DeviceProfile, LayerTime, LinkFit
@@ -86,6 +87,9 @@ def _per_op(where: str, value: Any) -> dict[str, float]:
 
 
 ENGINE_CALLS = tuple(f"z{s}.{p}{u}" for s in range(4) for p in PHASES for u in ("", "_per_tensor"))
+ENGINE_CALLS += tuple(
+    f"pipe{s}.{p}{u}" for s in PIPE_STAGES for p in PIPE_PHASES for u in ("", "_per_tensor")
+)
 
 
 def _keyed(where: str, value: Any, keys: Sequence[str]) -> dict[str, float]:

@@ -13,7 +13,7 @@ from zsim.cluster.device import DeviceProfile
 from zsim.workload.layout import rank_chunks
 from zsim.workload.mechanisms import Mechanism
 from zsim.workload.model import Layer, ModelSpec, ParamTensor
-from zsim.workload.parallel import DpEngine, ParallelConfig, ZeroStage
+from zsim.workload.parallel import DpEngine, ParallelConfig, PipelineEngine, ZeroStage
 from zsim.workload.shapes import Shard, layer_input_bytes
 
 
@@ -69,17 +69,20 @@ class StageJob:
 
     def engine_host_s(self, phase: str) -> float:
         """DeepSpeed's own host seconds per `engine(x)`, `engine.backward` or `engine.step`
-        call on a CPU rank: the profile's measured cost per call plus its cost per parameter
-        tensor times the rank's tensors (`calibrate.engine_fit`; under ZeRO-3 its persistent
-        ones, as every tiny layer's is: fetched ones added nothing measurable, 6.4 against 6.5
-        ms for 8 and 16 fetched layers); none elsewhere, nor under a pipeline or Megatron's
-        DDP, whose calls differ."""
+        call on a CPU rank, or per forward, backward, send or step of its PipelineEngine: the
+        profile's measured cost per call plus its cost per parameter tensor times the rank's
+        tensors (`calibrate.engine_fit`; under ZeRO-3 its persistent ones, as every tiny
+        layer's is: fetched ones added nothing measurable, 6.4 against 6.5 ms for 8 and 16
+        fetched layers); none elsewhere, nor under Megatron's pipeline or DDP, whose calls
+        differ."""
         cfg = self.cfg
-        applies = self.gloo and cfg.pp == 1 and cfg.dp_engine is DpEngine.DEEPSPEED
+        pipe = cfg.pp > 1
+        applies = self.gloo and cfg.dp_engine is DpEngine.DEEPSPEED
+        applies &= not pipe or cfg.pipeline_engine is PipelineEngine.DEEPSPEED
         if not applies or not cfg.models(Mechanism.ENGINE_HOST):
             return 0.0
         host = self.device.engine_host_s
-        call = f"z{int(cfg.zero_stage)}.{phase}"
+        call = f"{'pipe' if pipe else 'z'}{int(cfg.zero_stage)}.{phase}"
         zero3 = cfg.zero_stage is ZeroStage.PARAMETERS  # the tiny layers' are all persistent
         tensors = self.persistent_tensors() if zero3 else self.tensors()
         return host.get(call, 0.0) + host.get(f"{call}_per_tensor", 0.0) * len(tensors)

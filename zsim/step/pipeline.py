@@ -150,9 +150,16 @@ def deepspeed_schedule(job: StageJob, writer: ProgramWriter, run_pass: RunPass) 
     cursor: list[Task] = []
     blocking = job.cfg.models(Mechanism.BLOCKING_P2P)  # off: sends run beside compute
 
+    host = job.engine_host_s("send")  # the engine's own Python around each send (CPU ranks)
+
     def send(tag: str, peer: int) -> list[Task]:
-        task = writer.send(tag, act, peer, cursor, Stream.COMPUTE if blocking else Stream.P2P)
-        return [task] if blocking else cursor
+        deps = (
+            [writer.compute(f"{tag}.engine_host", host, Category.PP_COMM, cursor)]
+            if host
+            else cursor
+        )
+        task = writer.send(tag, act, peer, deps, Stream.COMPUTE if blocking else Stream.P2P)
+        return [task] if blocking else deps
 
     for command, mb in deepspeed_train_commands(job.cfg.pp, job.cfg.grad_accum, s):
         if command is PipeCommand.RECV_ACTIVATION:
@@ -206,9 +213,11 @@ def accumulates_in_grad(cfg: ParallelConfig, micro_batch: int) -> bool:
 
 def tied_embedding_reduce(job: StageJob, writer: ProgramWriter, deps: list[Task]) -> list[Task]:
     """Megatron all-reduces the tied word embedding's gradient between the first and last
-    pipeline stage before the optimizer step."""
+    pipeline stage before the optimizer step (a model without one, the seeds' MLP, has no
+    tied weights: DeepSpeed's `allreduce_tied_weight_gradients` then calls nothing)."""
     m, cfg = job.model, job.cfg
-    if cfg.pp == 1 or not m.tied_embeddings or job.stage not in (0, cfg.pp - 1):
+    tied = m.tied_embeddings and m.vocab > 0
+    if cfg.pp == 1 or not tied or job.stage not in (0, cfg.pp - 1):
         return deps
     numel = -(-m.vocab // cfg.tp) * m.hidden
     comm = Comm(CollectiveOp.ALL_REDUCE, numel * job.element_bytes, Group.EMBEDDING)
