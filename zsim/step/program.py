@@ -76,7 +76,7 @@ class Part(NamedTuple):
     comm: Comm | None = None
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Task:
     name: str
     stream: Stream
