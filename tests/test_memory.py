@@ -2,9 +2,16 @@
 
 import pytest
 
-from zsim.memory import in_flight_micro_batches, ledger
+from zsim.memory import in_flight_micro_batches, ledger, peak_ledger
 from zsim.workload.model_presets import from_params, preset
-from zsim.workload.parallel import ParallelConfig, PipelineSchedule, Precision, Recompute, ZeroStage
+from zsim.workload.parallel import (
+    ParallelConfig,
+    PipelineEngine,
+    PipelineSchedule,
+    Precision,
+    Recompute,
+    ZeroStage,
+)
 
 GB = 1e9
 
@@ -94,3 +101,24 @@ def test_recompute_reduces_activations():
     # full recompute keeps 2sbh per layer (the layer input) plus one layer's working set
     sbh2 = 2 * 2048 * 4 * 2048
     assert acts["full"] > 24 * sbh2
+
+
+@pytest.mark.parametrize(
+    ("name", "pp", "v", "schedule", "m"),
+    [
+        ("gpt-175b", 16, 1, PipelineSchedule.ONE_F_ONE_B, 64),  # tied embedding on the ends
+        ("gpt-175b", 8, 3, PipelineSchedule.INTERLEAVED, 64),
+        ("llama-70b", 8, 1, PipelineSchedule.ONE_F_ONE_B, 4),  # m < p: in flight capped at m
+        ("llama-70b", 4, 1, PipelineSchedule.GPIPE, 8),
+        ("gpt-760m", 4, 2, PipelineSchedule.INTERLEAVED, 16),
+    ],
+)
+def test_the_peak_stage_is_the_fullest_of_every_stage(name, pp, v, schedule, m):
+    # the peak is looked for among a few candidate stages; every stage's ledger is the truth
+    model = preset(name)
+    cfg = ParallelConfig(pp=pp, tp=8, grad_accum=m, virtual_stages=v, pp_schedule=schedule,
+                         pipeline_engine=PipelineEngine.MEGATRON)  # fmt: skip
+    totals = [ledger(model, cfg, s).device_total for s in range(pp)]
+    stage, found = peak_ledger(model, cfg)
+    assert stage == totals.index(max(totals))
+    assert found == ledger(model, cfg, stage)

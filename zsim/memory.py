@@ -293,7 +293,23 @@ def ledger(model: ModelSpec, cfg: ParallelConfig, pipeline_stage: int = 0) -> Me
 
 
 def peak_ledger(model: ModelSpec, cfg: ParallelConfig) -> tuple[int, MemoryLedger]:
-    """The pipeline stage with the largest device total, and its ledger."""
-    ledgers = [ledger(model, cfg, s) for s in range(cfg.pp)]
-    worst = max(range(cfg.pp), key=lambda s: ledgers[s].device_total)
+    """The pipeline stage with the largest device total (the first of equals), and its
+    ledger."""
+    candidates = _peak_candidates(model, cfg.pp, cfg.virtual_stages)
+    ledgers = {s: ledger(model, cfg, s) for s in candidates}
+    worst = max(candidates, key=lambda s: ledgers[s].device_total)
     return worst, ledgers[worst]
+
+
+@functools.lru_cache(maxsize=1024)
+def _peak_candidates(model: ModelSpec, pp: int, virtual: int) -> tuple[int, ...]:
+    """The stages that can hold the most: stages holding alike layers (a model's middle
+    blocks) differ only in the micro-batches in flight, which never grow with the stage's
+    index (`in_flight_micro_batches`), so the first of each kind, and the last stage (it also
+    keeps the loss's activations)."""
+    first: dict[tuple[object, ...], int] = {}
+    for stage in range(pp):
+        chunks = (stage_layers(model, pp * virtual, c * pp + stage) for c in range(virtual))
+        alike = tuple((x.kind, x.tensors) for chunk in chunks for x in chunk)
+        first.setdefault(alike, stage)
+    return tuple(sorted({*first.values(), pp - 1}))
