@@ -2,10 +2,11 @@
 hand-made inputs whose phases are known."""
 
 import itertools
+from typing import ClassVar
 
 import pytest
 
-from zsim.step.phases import simulated_phases
+from zsim.step.phases import simulated_phases, simulated_pipeline_phases
 from zsim.step.program import Stream
 from zsim.step.spans import Span
 from zsim.validate import phases
@@ -137,6 +138,59 @@ def test_a_simulated_step_is_cut_where_deepspeed_calls_cut_it():
     out = simulated_phases(spans, 0, 20.0)
     assert (out["forward"], out["backward"], out["step"]) == (3.0, 11.0, 6.0)
     assert (out["forward_comm"], out["backward_comm"], out["step_comm"]) == (2.5, 4.0, 2.0)
+
+
+def test_a_simulated_pipeline_step_is_cut_where_its_instructions_cut_it():
+    spans = [
+        span(Stream.COMPUTE, "F0.mb0.linear", "forward", 0.0, 2.0),
+        span(Stream.TP, "F0.mb0.tp_all_reduce", "tp_comm", 2.0, 2.5),  # inside the forward
+        span(Stream.P2P, "send.F0.mb0", "pp_comm", 2.5, 3.0),  # between passes: no phase
+        span(Stream.COMPUTE, "F0.mb1.linear", "forward", 3.0, 5.0),
+        span(Stream.COMPUTE, "B0.mb0.linear", "backward", 8.0, 12.0),  # after a bubble
+        span(Stream.TP, "B0.mb0.tp_all_reduce", "tp_comm", 12.0, 13.0),
+        span(Stream.COMPUTE, "B0.mb1.linear", "backward", 13.0, 17.0),
+        span(Stream.COMPUTE, "grad_reduce", "grad_reduce", 17.0, 19.0),
+        span(Stream.COMPUTE, "optimizer_step", "optimizer", 19.0, 21.0),
+        Span(1, Stream.COMPUTE, "F0.mb0.linear", "forward", 2.0, 4.0),  # another rank
+    ]
+    out = simulated_pipeline_phases(spans, 0, 21.0)
+    assert (out["forward"], out["backward"], out["step"]) == (4.5, 9.0, 4.0)
+    assert (out["forward_comm"], out["backward_comm"], out["step_comm"]) == (0.5, 1.0, 2.0)
+
+
+class ForwardPass: ...
+
+
+class SendActivation: ...
+
+
+class FakePipelineEngine:
+    """DeepSpeed's PipelineEngine: a class-level map from instruction type to method."""
+
+    def _exec_forward(self):
+        pass
+
+    def _exec_send(self):
+        pass
+
+    _INSTRUCTION_MAP: ClassVar = {ForwardPass: _exec_forward, SendActivation: _exec_send}
+
+    def run(self, kind):
+        self._INSTRUCTION_MAP[kind](self)
+
+
+@pytest.mark.usefixtures("ticking")
+def test_a_pipeline_instruction_is_timed_to_its_phase_and_a_send_to_none():
+    engine, clock = FakePipelineEngine(), phases.PhaseClock()
+    clock.instrument_pipeline(engine)
+    clock.start_step()
+    engine.run(ForwardPass)
+    engine.run(SendActivation)
+    engine.run(ForwardPass)
+    clock.end_step()
+    step = clock.steps[0]
+    assert (step["forward"], step["backward"], step["step"]) == (2.0, 0.0, 0.0)
+    assert FakePipelineEngine._INSTRUCTION_MAP[ForwardPass] is FakePipelineEngine._exec_forward
 
 
 def test_measured_phases_sum_each_phase_collectives():

@@ -10,13 +10,12 @@ rank 0's (the first stage's) time per call against the simulated tiny pipeline's
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 
 from zsim.calibrate.measurement import Kind, Measurement
 from zsim.cluster.device import DeviceProfile
 from zsim.cluster.topology import Topology
-from zsim.step.spans import Span
 from zsim.workload.model import ModelSpec
 from zsim.workload.model_presets import preset, with_overrides
 from zsim.workload.parallel import ParallelConfig, PipelineEngine, Precision, ZeroStage
@@ -86,27 +85,17 @@ def _simulated(call: str, layers: int, bare: DeviceProfile, topo: Topology) -> d
     """Seconds per call the simulator charges rank 0 for the tiny step of `call` ("z<stage>"
     or "pipe<stage>"), by phase."""
     from zsim.simulation import simulate
-    from zsim.step.phases import simulated_phases
+    from zsim.step.phases import simulated_phases, simulated_pipeline_phases
 
     pipe = call.startswith("pipe")
     stage = int(call.removeprefix("pipe" if pipe else "z"))
     case = (tiny_pipe_case if pipe else tiny_case)(stage, topo.world_size)
     report = simulate(tiny_model(layers), case, topo, bare)
-    spans = [s for s in report.engine.all_spans() if s.rank == 0]
+    spans = report.engine.all_spans()
     if not pipe:
         return simulated_phases(spans, 0, report.step_time_s)
+    phases = simulated_pipeline_phases(spans, 0, report.step_time_s)
     m = case.grad_accum
-
-    def seconds(keep: Callable[[Span], bool]) -> float:
-        return sum(s.end_s - s.start_s for s in spans if keep(s))
-
-    passes_end = max(s.end_s for s in spans if s.category in _PIPE_CATEGORIES)
-    return {
-        "forward": seconds(lambda s: s.category == "forward") / m,
-        "backward": seconds(lambda s: s.category == "backward") / m,
-        "send": seconds(lambda s: s.category == "pp_comm" and s.name.startswith("send.")) / m,
-        "step": report.step_time_s - passes_end,
-    }
-
-
-_PIPE_CATEGORIES = ("forward", "backward", "pp_comm")
+    sends = sum(s.end_s - s.start_s for s in spans if s.rank == 0 and s.name.startswith("send."))
+    return {"forward": phases["forward"] / m, "backward": phases["backward"] / m,
+            "send": sends / m, "step": phases["step"]}  # fmt: skip

@@ -26,18 +26,12 @@ from torch.nn import functional as F
 
 from zsim.calibrate.engine_fit import LAYERS, PIPE_PHASES, PIPE_STAGES, WIDTH, tiny_pipe_case
 from zsim.calibrate.measurement import Kind, Measurement
+from zsim.step.phases import PIPE_INSTRUCTIONS
 from zsim.workload.ds_config import to_training_ds_config
 
 WARMUP_STEPS = 5
 STEPS = 15
-_PHASE_OF = {  # TrainSchedule instruction -> the phase its host time is charged to
-    "ForwardPass": "forward",
-    "BackwardPass": "backward",
-    "SendActivation": "send",
-    "ReduceTiedGrads": "step",
-    "ReduceGrads": "step",
-    "OptimizerStep": "step",
-}
+_PHASE_OF = {**PIPE_INSTRUCTIONS, "SendActivation": "send"}  # instruction -> charged phase
 
 
 def pipe_host(dtype: str) -> list[Measurement]:

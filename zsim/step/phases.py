@@ -37,3 +37,36 @@ def _is_transfer(span: Span) -> bool:
     copy of a gathered buffer into its parameters."""
     in_comm = span.category in COMM_CATEGORIES
     return in_comm and span.name != "grad_norm" and not span.name.endswith("copy_out")
+
+
+PIPE_INSTRUCTIONS = {  # DeepSpeed TrainSchedule instruction -> the phase it belongs to
+    "ForwardPass": "forward",
+    "BackwardPass": "backward",
+    "ReduceTiedGrads": "step",
+    "ReduceGrads": "step",
+    "OptimizerStep": "step",
+}
+PASS_CATEGORIES = ("forward", "backward", "pp_comm")
+
+
+def simulated_pipeline_phases(spans: Iterable[Span], rank: int, end_s: float) -> dict[str, float]:
+    """A pipeline rank's seconds in its forward passes, its backward passes and its step (from
+    its last pass or transfer to the step's end), as DeepSpeed's instructions cut them (sends,
+    receives and the bubble in none); `<phase>_comm` the collectives inside: a TP collective
+    belongs to the pass whose kernel ran last before it."""
+    mine = sorted((s for s in spans if s.rank == rank), key=lambda s: s.start_s)
+    passes_end = max((s.end_s for s in mine if s.category in PASS_CATEGORIES), default=0.0)
+    out = dict.fromkeys(("forward", "backward", "forward_comm", "backward_comm"), 0.0)
+    current = "forward"
+    for span in mine:
+        if span.category in ("forward", "backward"):
+            current = span.category
+            out[current] += span.end_s - span.start_s
+        elif span.category == "tp_comm" and _is_transfer(span):
+            out[current] += span.end_s - span.start_s
+            out[f"{current}_comm"] += span.end_s - span.start_s
+    out["step"] = end_s - passes_end
+    out["step_comm"] = sum(
+        max(0.0, s.end_s - max(s.start_s, passes_end)) for s in mine if _is_transfer(s)
+    )
+    return out

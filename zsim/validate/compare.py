@@ -17,7 +17,7 @@ import numpy as np
 
 from zsim.errors import InputError
 from zsim.memory import MemoryLedger, ledger
-from zsim.step.phases import simulated_phases
+from zsim.step.phases import simulated_phases, simulated_pipeline_phases
 from zsim.validate.band import model_error, widened
 from zsim.validate.runner import Case, Measurement
 
@@ -89,7 +89,8 @@ def predict(case: Case, profile_path: Path | None, band_samples: int = 20) -> Pr
     residuals = calibration.residuals  # held-out ones among them
     error = model_error(residuals, critical.compute_s, critical.exposed_comm_s, step)
     low, high = widened(min(low, step), max(high, step), error)
-    phases = simulated_phases(report.engine.all_spans(), 0, step)
+    cut = simulated_pipeline_phases if case.parallel.pp > 1 else simulated_phases
+    phases = cut(report.engine.all_spans(), 0, step)
     return Prediction(step, low, high, report.memory, len(samples), phases, error)
 
 

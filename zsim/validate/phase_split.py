@@ -1,6 +1,7 @@
 """A step cut into DeepSpeed's phases, measured and simulated alike, for the phase table
 (diagnosis: where the missing time is; nothing here feeds a prediction). The simulated side is
-`zsim.step.phases.simulated_phases`; this module reads the worker's records.
+`zsim.step.phases.simulated_phases` (`simulated_pipeline_phases` for a pipeline, whose phases
+are its instructions'); this module reads the worker's records.
 
 DeepSpeed's calls bound the phases of a data-parallel step: `engine(x)` (forward, ZeRO-3's
 gathers), `engine.backward` (backward, and every gradient reduction: stage 0's all-reduce in
@@ -24,7 +25,7 @@ def measured_phases(per_rank: list[Mapping[str, Any]], rank: int = 0) -> dict[st
     if not per_rank or not per_rank[rank]:
         return {}
     mine = per_rank[rank]
-    if not any(float(mine[p]) for p in PHASES):  # a pipeline's step: no phases to cut
+    if not any(float(mine[p]) for p in PHASES):  # a CUDA step: no phases timed
         return {}
     out = {p: float(mine[p]) for p in PHASES}
     for phase in PHASES:

@@ -6,9 +6,11 @@ with its hooks: ZeRO's reductions, stage 3's gathers and releases) and the step
 (`engine.step`: the optimizer, ZeRO-1/2's parameter all-gather); and inside them the time the
 rank's thread spent in each collective `deepspeed.comm` sent to torch (its backend's methods,
 wrapped), keyed "phase.op", with an async call's `wait()` counted to its op in the phase
-that waits. On CPU the gloo and shared-memory
-collectives block the calling thread or are waited for on it, so a phase minus its
-collectives is the host's own work: compute and Python.
+that waits. A pipeline's `train_batch` runs DeepSpeed's TrainSchedule instructions: each
+pass, and the step's reductions and optimizer, is timed to its phase (`PIPE_INSTRUCTIONS`);
+sends, receives and the waits between them fall outside every phase. On CPU the gloo and
+shared-memory collectives block the calling thread or are waited for on it, so a phase minus
+its collectives is the host's own work: compute and Python.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from zsim.step.phases import PHASES
+from zsim.step.phases import PHASES, PIPE_INSTRUCTIONS
 
 TIMED_OPS = (
     "all_reduce",
@@ -69,6 +71,24 @@ class PhaseClock:
             method = getattr(backend, op, None)
             if callable(method):
                 setattr(backend, op, self._timed(op, method))
+
+    def instrument_pipeline(self, engine: Any) -> None:
+        """Run each of a PipelineEngine's phase instructions inside its phase (the instance's
+        own instruction map: the class's stays as it was)."""
+
+        def in_phase(run: Any, phase: str) -> Any:
+            def timed(*args: Any, **kwargs: Any) -> Any:
+                with self.phase(phase):
+                    return run(*args, **kwargs)
+
+            return timed
+
+        engine._INSTRUCTION_MAP = {
+            kind: in_phase(run, PIPE_INSTRUCTIONS[kind.__name__])
+            if kind.__name__ in PIPE_INSTRUCTIONS
+            else run
+            for kind, run in type(engine)._INSTRUCTION_MAP.items()
+        }
 
     def _timed(self, op: str, method: Any) -> Any:
         def timed(*args: Any, **kwargs: Any) -> Any:

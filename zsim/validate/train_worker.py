@@ -130,10 +130,10 @@ def train(case: dict[str, Any]) -> dict[str, Any]:
     engine, dtype = trainer.engine, trainer.dtype
     probe = MemoryProbe(engine)
     clock = PhaseClock()
-    # on CUDA wall clocks around kernels and collectives mean nothing; a pipeline's
-    # train_batch interleaves every phase of every micro-batch, so it has no phase split (its
-    # sends, receives and collectives are timed under "other")
+    # on CUDA wall clocks around kernels and collectives mean nothing
     if device == "cpu":
+        if trainer.pipelined:
+            clock.instrument_pipeline(engine)
         clock.instrument(ds_comm.cdb)
         # the TP layers call torch.distributed as Megatron does (a DeepSpeed call through it
         # is counted once, to deepspeed.comm's op)
