@@ -7,7 +7,8 @@ first k of (optimizer, gradients, parameters) across the Nd data-parallel ranks.
 sharded tensors by t; PP gives each stage its layers. Activations come from `ModelSpec`'s tensor
 account (Korthikanti et al. 2022) times the micro-batches a pipeline stage keeps in flight.
 DeepSpeed's communication buffers (gradient buckets, ZeRO-3 gathered parameters) and the fp32
-gradient partition its optimizer step builds count too, outside the model states.
+gradient partition its optimizer step builds count too, outside the model states. PyTorch
+FSDP's ledger (fp32 shards, unsharded units) is `zsim.step.fsdp`'s.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import functools
 from dataclasses import dataclass, fields, replace
 
 from zsim.cluster.device import DeviceProfile
-from zsim.step import megatron_dp, zero3
+from zsim.step import fsdp, megatron_dp, zero3
 from zsim.workload.layout import rank_layers, stage_layers
 from zsim.workload.model import Layer, LayerKind, ModelKind, ModelSpec
 from zsim.workload.parallel import (
@@ -31,6 +32,7 @@ from zsim.workload.parallel import (
 )
 from zsim.workload.shapes import Shard, layer_input_bytes, loss_saved_bytes, saved_tensors
 
+FSDP = DpEngine.FSDP
 # Bytes per parameter of each model state (the seeds' table 2.1).
 FP32_BYTES = 4
 ADAM_MOMENTS = 2  # exp_avg and exp_avg_sq, fp32 each
@@ -104,6 +106,8 @@ def overflow_bytes(ledger: MemoryLedger, device: DeviceProfile) -> float:
 def model_state_bytes(params: float, cfg: ParallelConfig) -> tuple[float, float, float, float]:
     """(parameters, gradients, optimizer, offloaded-to-host) bytes on one rank for `params`
     parameters held by its TP/PP slice."""
+    if cfg.dp_engine is DpEngine.FSDP:
+        return (*fsdp.model_state_bytes(params, cfg), 0.0)
     per = state_bytes(cfg.precision, cfg.zero_stage)
     nd = cfg.dp
     stage = cfg.zero_stage
@@ -212,6 +216,8 @@ def comm_buffer_bytes(
       keeps gathered: with the default reuse distance the whole model (under 1e9 elements) is
       gathered by the end of a forward (replayed by `zsim.step.zero3`).
     """
+    if cfg.dp_engine is DpEngine.FSDP:
+        return fsdp.buffer_bytes(cfg, layers)
     b = cfg.precision.bytes
     stage = cfg.zero_stage
     if stage is ZeroStage.NONE:
@@ -236,8 +242,8 @@ def step_buffer_bytes(params: float, cfg: ParallelConfig) -> float:
     (`step`, stage_1_and_2.py). Offloaded optimizers build it on the host instead.
     """
     stage = cfg.zero_stage
-    if stage is ZeroStage.NONE or cfg.offload is not Offload.NONE:
-        return 0.0
+    if stage is ZeroStage.NONE or cfg.offload is not Offload.NONE or cfg.dp_engine is FSDP:
+        return 0.0  # FSDP's Adam updates its fp32 shard in place
     partition = params / cfg.dp
     if stage is ZeroStage.PARAMETERS:
         return min(partition, STAGE3_SUB_GROUP_SIZE) * FP32_BYTES
@@ -281,8 +287,9 @@ def ledger(model: ModelSpec, cfg: ParallelConfig, pipeline_stage: int = 0) -> Me
     layers = rank_layers(model, cfg, pipeline_stage)
     params = stage_params(model, cfg.pp, cfg.virtual_stages, pipeline_stage, cfg.tp)
     p, g, o, host = model_state_bytes(params, cfg)
-    if cfg.zero_stage is ZeroStage.PARAMETERS and model.kind is not ModelKind.PARAMS_ONLY:
-        p += zero3_persistent_bytes(cfg, layers)
+    deepspeed3 = cfg.zero_stage is ZeroStage.PARAMETERS and cfg.dp_engine is not FSDP
+    if deepspeed3 and model.kind is not ModelKind.PARAMS_ONLY:
+        p += zero3_persistent_bytes(cfg, layers)  # FSDP shards every parameter
     acts = (
         None
         if model.kind is ModelKind.PARAMS_ONLY

@@ -154,8 +154,8 @@ def simulate(
     programs = [
         build_program(model, parallel, device, s, gloo, tp_time) for s in range(parallel.pp)
     ]
-    hpz = parallel.knobs.hpz_partition_size
-    result = Engine(programs, grid, comms, full=full, slowdown=stragglers, hpz=hpz).run()
+    block = parallel.dp_block
+    result = Engine(programs, grid, comms, full=full, slowdown=stragglers, block=block).run()
     step = result.end_s
     times = _rank_times(result, {*(grid.rank(0, s, 0) for s in range(parallel.pp)), *slow})
     stages = tuple(times[grid.rank(0, s, 0)] for s in range(parallel.pp))

@@ -87,8 +87,24 @@ def _add_megatron_flags(g: Any) -> None:
     """Megatron-Core's switches zsim models (its DDP and overlaps)."""
     g.add_argument(
         "--dp-engine",
-        help="deepspeed (its engine and ZeRO, default) or megatron (Megatron-Core's DDP; with "
-        "--stage 1 its distributed optimizer; --overlap-comm is --overlap-grad-reduce)",
+        "--engine",
+        dest="dp_engine",
+        help="deepspeed (its engine and ZeRO, default), megatron (Megatron-Core's DDP; with "
+        "--stage 1 its distributed optimizer; --overlap-comm is --overlap-grad-reduce) or "
+        "fsdp (PyTorch FSDP2's fully_shard, ZeRO-3's partition: --sharding)",
+    )
+    g.add_argument(
+        "--sharding",
+        dest="fsdp_sharding",
+        metavar="S",
+        help="with --engine fsdp: full (FULL_SHARD, default), grad-op (SHARD_GRAD_OP) or "
+        "hybrid (HYBRID_SHARD: full within --shard-size ranks, replicated across)",
+    )
+    g.add_argument(
+        "--shard-size",
+        dest="fsdp_shard_size",
+        metavar="N",
+        help="with --sharding hybrid: the ranks of one shard group (e.g. a node's GPUs)",
     )
     g.add_argument(
         "--tp-comm-overlap",
@@ -141,6 +157,8 @@ def _parallel_from(
             "pipeline_engine",
             "virtual_stages",
             "dp_engine",
+            "fsdp_sharding",
+            "fsdp_shard_size",
             "overlap_param_gather",
             "tp_comm_overlap",
             "reduce_bucket_size",

@@ -19,6 +19,7 @@ from zsim.workload import parallel as par
 from zsim.workload.ds_config import from_ds_config
 from zsim.workload.model import ModelKind, ModelSpec
 from zsim.workload.parallel import ParallelConfig
+from zsim.workload.sharding import FsdpSharding
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,7 @@ def build_parallel(
         "pp_schedule": par.PipelineSchedule,
         "pipeline_engine": par.PipelineEngine,
         "dp_engine": par.DpEngine,
+        "fsdp_sharding": FsdpSharding,
     }
     choices = {k: parse_choice(k, flags.pop(k, None), e) for k, e in enums.items()}
     knob_flags = {k: flags.pop(k) for k in list(flags) if k in _KNOBS and flags[k] is not None}
@@ -145,8 +147,9 @@ def build_parallel(
         if not isinstance(v, bool):
             knob_flags[k] = parse_count(k, v)
     other = {k: v for k, v in flags.items() if v is not None}
-    if "virtual_stages" in other:
-        other["virtual_stages"] = parse_int("virtual_stages", other["virtual_stages"])
+    for name in ("virtual_stages", "fsdp_shard_size"):
+        if name in other:
+            other[name] = parse_int(name, other[name])
     notes: list[str] = []
     if ds_config is not None:
         precision = choices["precision"]
@@ -158,6 +161,8 @@ def build_parallel(
         m, a = par.resolve_batch(dp, micro, accum, global_batch)
         cfg = ParallelConfig(dp=dp, tp=tp, pp=pp, micro_batch=m, grad_accum=a)
     updates: dict[str, Any] = {k: v for k, v in choices.items() if v is not None} | other
+    if stage is None and choices["dp_engine"] is par.DpEngine.FSDP:
+        stage = par.ZeroStage.PARAMETERS  # FSDP shards all three model states
     if stage is not None:
         updates["zero_stage"] = stage
     if knob_flags:

@@ -5,15 +5,18 @@ semantics: the parts of the step, each a module of its own, put together in issu
 - `kernels` (with `tensor_parallel`): each layer's compute, split at Megatron's TP collectives;
 - `zero3`: the parameter gathers of DeepSpeed's ZeRO-3 coordinator, before a module's use;
 - `zero_reduce`: the gradient reductions of ZeRO stages 0-3, in the hooks or at the boundary;
+- `megatron_dp`, `fsdp`: Megatron-Core's and PyTorch FSDP's instead of DeepSpeed's;
 - `optimizer`: the gradient norm, the Adam step (or offloaded), the post-step gathers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
+from typing import Protocol
 
 from zsim.cluster.device import DeviceProfile
+from zsim.step.fsdp import FsdpReduce, FsdpUnshard
 from zsim.step.job import StageJob
 from zsim.step.kernels import LayerKernels
 from zsim.step.megatron_dp import MegatronGradSync, MegatronParamSync
@@ -30,10 +33,18 @@ from zsim.step.program import Category, Comm, Program, ProgramWriter, Task
 from zsim.step.zero3 import ParameterGathers
 from zsim.step.zero_reduce import GradientReducer, Reducer
 from zsim.workload.mechanisms import Mechanism
-from zsim.workload.model import ModelSpec
+from zsim.workload.model import ComputeOp, Layer, ModelSpec
 from zsim.workload.parallel import DpEngine, ParallelConfig, PipelineEngine, ZeroStage
 
 ENGINE_STEP_HOST = "engine_step_host"
+
+
+class Gathers(Protocol):
+    """Parameter gathers of a sharded engine: DeepSpeed's per submodule use, FSDP's per unit."""
+
+    def start(self, layers: Sequence[Layer]) -> None: ...
+    def enter(self, layer: Layer, forward: bool, last: list[Task], tag: str) -> list[Task]: ...
+    def use(self, layer: Layer, op: ComputeOp, last: list[Task], tag: str) -> list[Task]: ...
 
 
 class _Passes:
@@ -45,11 +56,14 @@ class _Passes:
         self.job = job
         self.writer = writer
         self.kernels = LayerKernels(job, tp_time)
-        megatron = job.cfg.dp_engine is DpEngine.MEGATRON
-        self.reducer: Reducer = (
-            MegatronGradSync(job, writer) if megatron else GradientReducer(job, writer)
-        )
-        self.gathers = ParameterGathers(job, writer)
+        engine = job.cfg.dp_engine
+        reducers: dict[DpEngine, Callable[[StageJob, ProgramWriter], Reducer]] = {
+            DpEngine.MEGATRON: MegatronGradSync,
+            DpEngine.FSDP: FsdpReduce,
+        }
+        self.reducer = reducers.get(engine, GradientReducer)(job, writer)
+        fsdp = engine is DpEngine.FSDP
+        self.gathers: Gathers = FsdpUnshard(job, writer) if fsdp else ParameterGathers(job, writer)
         self.param_sync = MegatronParamSync(job, writer)
         self._previous: list[Task] = []  # the last work's end (ZeRO-3: one stage, in order)
 
@@ -79,6 +93,10 @@ class _Passes:
             for layer in order:
                 if synced:
                     done = [*done, *self.param_sync.wait(layer, done)]
+                done = [
+                    *done,
+                    *self.gathers.enter(layer, work.forward, done, f"{tag}.{layer.name}"),
+                ]
                 gather = partial(self.gathers.use, layer, tag=f"{tag}.{layer.name}")
                 task = self.kernels.layer_pass(
                     writer, layer, work.forward, done, f"{tag}.{layer.name}", gather
@@ -143,7 +161,7 @@ def build_program(
     deps = optimizer_step(job, writer, deps)
     if cfg.dp_engine is DpEngine.MEGATRON:
         passes.param_sync.after_step(deps)
-    else:
+    elif cfg.dp_engine is DpEngine.DEEPSPEED:  # FSDP's next forward gathers the new shards
         post_step_gather(job, writer, deps)
     return writer.program
 

@@ -44,7 +44,7 @@ class Engine:
         full: bool = False,
         virtual_stages: int = 1,
         slowdown: Mapping[int, float] | None = None,
-        hpz: int = 1,
+        block: int = 1,
     ) -> None:
         self.env = comms.env
         self.slowdown = dict(slowdown or {})  # rank -> factor on its kernels (a straggler)
@@ -52,7 +52,8 @@ class Engine:
         self.grid = grid
         self.v = virtual_stages
         self.full = full
-        self.hpz = max(1, hpz)  # ZeRO++'s secondary partition group size
+        # consecutive data-parallel ranks: ZeRO++'s secondary partition, FSDP's hybrid shard
+        self.block = max(1, block)
         self.spans: list[Span] = []
         self.passes: list[FusedPass] = []
         self.ranks = self._simulated_ranks()
@@ -106,9 +107,11 @@ class Engine:
             return tuple(g.rank(d, pp_i, tp_i) for d in range(g.dp))
         if group is Group.EMBEDDING:
             return (g.rank(dp_i, 0, tp_i), g.rank(dp_i, g.pp - 1, tp_i))
-        if group is Group.HPZ:
-            first = dp_i - dp_i % self.hpz
-            return tuple(g.rank(d, pp_i, tp_i) for d in range(first, first + self.hpz))
+        if group in (Group.HPZ, Group.SHARD):
+            first = dp_i - dp_i % self.block
+            return tuple(g.rank(d, pp_i, tp_i) for d in range(first, first + self.block))
+        if group is Group.REPLICA:
+            return tuple(g.rank(d, pp_i, tp_i) for d in range(dp_i % self.block, g.dp, self.block))
         return tuple(g.rank(dp_i, p, tp_i) for p in range(g.pp))
 
     def copies(self, rank: int, group: Group) -> int:
@@ -139,10 +142,11 @@ class Engine:
         _, pp_i, _ = self.coords(rank)
         kind = {Group.TP: GroupKind.TP, Group.DP: GroupKind.DP}.get(group)
         mine = self.group_of(rank, group)
-        if group is Group.HPZ:  # the other blocks of consecutive data-parallel ranks
+        if group in (Group.HPZ, Group.SHARD, Group.REPLICA):  # blocks and their strides
             g = self.grid
-            starts = range(0, g.dp, self.hpz)
-            blocks = [self.group_of(g.rank(d, self.coords(rank)[1], 0), group) for d in starts]
+            firsts = range(0, g.dp, self.block) if group is not Group.REPLICA else range(self.block)
+            pairs = itertools.product(firsts, range(g.tp))
+            blocks = [self.group_of(g.rank(d, pp_i, t), group) for d, t in pairs]
             return [grp for grp in blocks if grp != mine]
         if kind is None:  # embedding groups: one per (dp, tp) pair
             pairs = itertools.product(range(self.grid.dp), range(self.grid.tp))

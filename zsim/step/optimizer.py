@@ -9,7 +9,9 @@ from zsim.errors import InputError
 from zsim.network.collective import CollectiveOp
 from zsim.step.job import StageJob
 from zsim.step.program import Category, Comm, Group, ProgramWriter, Stream, Task
-from zsim.workload.parallel import Offload, ZeroStage
+from zsim.workload.parallel import DpEngine, Offload, ZeroStage
+
+FSDP = DpEngine.FSDP
 
 
 def grad_norm(job: StageJob, writer: ProgramWriter, deps: list[Task]) -> list[Task]:
@@ -18,7 +20,8 @@ def grad_norm(job: StageJob, writer: ProgramWriter, deps: list[Task]) -> list[Ta
     gradient_clipping=1.0)."""
     if job.cfg.dp == 1:
         return deps
-    nbytes = 8 if job.cfg.zero_stage is ZeroStage.PARAMETERS else 4
+    deepspeed3 = job.cfg.zero_stage is ZeroStage.PARAMETERS and job.cfg.dp_engine is not FSDP
+    nbytes = 8 if deepspeed3 else 4  # FSDP: torch's clip_grad_norm_ in the fp32 grads' dtype
     comm = Comm(CollectiveOp.ALL_REDUCE, nbytes, Group.DP)
     return [writer.comm("grad_norm", comm, Category.GRAD_REDUCE, deps)]
 
@@ -26,7 +29,7 @@ def grad_norm(job: StageJob, writer: ProgramWriter, deps: list[Task]) -> list[Ta
 def optimizer_step(job: StageJob, writer: ProgramWriter, deps: list[Task]) -> list[Task]:
     """The Adam step on this rank's partition (all of it without ZeRO)."""
     cfg = job.cfg
-    shard = job.params() / (cfg.dp if cfg.zero_stage >= ZeroStage.OPTIMIZER else 1)
+    shard = job.params() / (cfg.shard_ranks if cfg.zero_stage >= ZeroStage.OPTIMIZER else 1)
     if cfg.offload is not Offload.NONE:
         return offloaded_step(job, writer, shard, deps)
     deps = [writer.memory_pass("step_prepare", step_passes(job, shard), deps)]
@@ -39,9 +42,9 @@ def step_passes(job: StageJob, shard: float) -> float:
     norm (a read: half a copy) and the clipping scale with the default gradient_clipping
     = 1.0; ZeRO also flattens the gradients, casts them into an fp32 partition and copies
     the fp32 master back into the 16-bit parameters (`DeepSpeedZeroOptimizer.step`,
-    stage3 `_prepare_fp32_grad_for_sub_group`)."""
+    stage3 `_prepare_fp32_grad_for_sub_group`). FSDP's Adam updates its fp32 shard in place."""
     passes = 0.5 * 4 * shard + 4 * shard  # the norm reads, the clip scales in place
-    if job.cfg.zero_stage >= ZeroStage.OPTIMIZER:
+    if job.cfg.zero_stage >= ZeroStage.OPTIMIZER and job.cfg.dp_engine is not FSDP:
         d = job.element_bytes
         passes += (d + 4 + d) * shard  # flatten, to fp32, master -> 16-bit
     return passes

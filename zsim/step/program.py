@@ -27,6 +27,7 @@ class Stream(StrEnum):
     P2P = "p2p"  # pipeline sends
     PCIE = "pcie"  # offload copies
     HOST = "host"  # the optimizer step on the CPU (offload)
+    ALLREDUCE = "allreduce"  # FSDP's all-reduce stream (a hybrid mesh's replicas)
 
 
 class Category(StrEnum):
@@ -49,6 +50,8 @@ class Group(StrEnum):
     PP = "pp"  # send/recv to the neighbouring stage
     EMBEDDING = "embedding"  # first and last pipeline stage (tied embedding gradients)
     HPZ = "hpz"  # ZeRO++'s secondary partition: consecutive data-parallel ranks (hpZ)
+    SHARD = "shard"  # FSDP's hybrid mesh: the consecutive data-parallel ranks that shard
+    REPLICA = "replica"  # ... and the ranks across them that hold the same shard
 
 
 @dataclass(frozen=True)

@@ -206,6 +206,9 @@ class ParameterGathers:
         self._current = None
         self._micro_steps += 1
 
+    def enter(self, layer: Layer, forward: bool, last: list[Task], tag: str) -> list[Task]:  # noqa: ARG002
+        return []  # the coordinator acts per submodule (`use`), not per layer
+
     def use(self, layer: Layer, op: ComputeOp, last: list[Task], tag: str) -> list[Task]:
         """At a module's first op, as `fetch_sub_module` does: issue its blocking fetch, wait
         for its parameters (the handle's first wait copies a coalesced gather out), then

@@ -13,6 +13,7 @@ from typing import Any
 
 from zsim.errors import InputError, positive_int, require
 from zsim.workload.mechanisms import Mechanism, parse_mechanisms
+from zsim.workload.sharding import FsdpSharding, check_fsdp, shard_ranks
 
 STAGE0_ALLREDUCE_BUCKET_NUMEL = 500_000_000
 """Elements per all-reduce bucket of DeepSpeed's stage 0 (`MEMORY_OPT_ALLREDUCE_SIZE`,
@@ -75,11 +76,12 @@ class PipelineEngine(StrEnum):
 
 class DpEngine(StrEnum):
     """Whose data parallelism reduces the gradients and, with ZeRO-1, shards the optimizer:
-    DeepSpeed's engine and ZeroOptimizer (`zsim.step.zero_reduce`) or Megatron-Core's DDP and
-    distributed optimizer (`zsim.step.megatron_dp`)."""
+    DeepSpeed's engine and ZeroOptimizer (`zsim.step.zero_reduce`), Megatron-Core's DDP and
+    distributed optimizer (`zsim.step.megatron_dp`) or PyTorch's FSDP (`zsim.step.fsdp`)."""
 
     DEEPSPEED = "deepspeed"
     MEGATRON = "megatron"
+    FSDP = "fsdp"  # PyTorch FSDP2's fully_shard (`zsim.step.fsdp`), with zero_stage 3
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,9 @@ class ParallelConfig:
     overlap_param_gather: bool = False
     # Megatron-Core's --tp-comm-overlap (TransformerEngine userbuffers; sequence parallel)
     tp_comm_overlap: bool = False
+    # with dp_engine fsdp: how FSDP shards, and the hybrid mesh's shard dimension (0: dp)
+    fsdp_sharding: FsdpSharding = FsdpSharding.FULL
+    fsdp_shard_size: int = 0
 
     def models(self, mechanism: Mechanism) -> bool:
         """Whether `mechanism` is modelled (not switched off by `without`)."""
@@ -213,6 +218,7 @@ class ParallelConfig:
         )
         self._check_zero_plus_plus()
         self._check_megatron()
+        check_fsdp(self)
         require(  # Megatron: "number of microbatches is not divisible by pipeline-parallel size"
             self.pp_schedule is not PipelineSchedule.INTERLEAVED or self.grad_accum % self.pp == 0,
             "grad_accum",
@@ -232,7 +238,7 @@ class ParallelConfig:
             "with sequence parallelism (Megatron: 'Tensor parallel communication/GEMM overlap "
             "can happen only when sequence parallelism is enabled')",
         )
-        if self.dp_engine is DpEngine.DEEPSPEED:
+        if self.dp_engine is not DpEngine.MEGATRON:
             require(
                 not self.overlap_param_gather,
                 "overlap_param_gather",
@@ -289,6 +295,19 @@ class ParallelConfig:
         return ", ".join(parts + (["qwZ"] if k.quantized_weights else []))
 
     @property
+    def shard_ranks(self) -> int:
+        """The ranks a partition of the model states is spread over (FSDP's hybrid mesh
+        shards within fewer than dp)."""
+        return shard_ranks(self)
+
+    @property
+    def dp_block(self) -> int:
+        """Consecutive data-parallel ranks that form a group of their own: ZeRO++'s hpZ
+        secondary partition, or FSDP's hybrid shard group (1: none)."""
+        fsdp = self.dp_engine is DpEngine.FSDP
+        return self.shard_ranks if fsdp else self.knobs.hpz_partition_size
+
+    @property
     def world_size(self) -> int:
         return self.dp * self.tp * self.pp
 
@@ -312,6 +331,7 @@ _ENUM_FIELDS: dict[str, type[Any]] = {
     "pp_schedule": PipelineSchedule,
     "pipeline_engine": PipelineEngine,
     "dp_engine": DpEngine,
+    "fsdp_sharding": FsdpSharding,
 }
 
 
