@@ -97,3 +97,23 @@ def test_pipeline_stages_hold_their_share_of_the_layers(tmp_path: Path) -> None:
     assert (row["tp"], row["pp"]) == ("1", "2")
     assert int(row["measured_parameters_bytes"]) == 4 * 2 * (64 * 64 + 64)
     assert float(row["measured_step_s"]) > 0
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("sharding", ["full", "grad-op"])
+def test_fsdp_ranks_hold_fp32_shards_of_parameters_gradients_and_adam(
+    tmp_path: Path, sharding: str
+) -> None:
+    # PyTorch FSDP2 on 2 ranks: each holds half of every parameter (4 bytes), of its
+    # gradient (4) and of Adam's two moments (8), counted from the real engine's tensors
+    row = _row(
+        tmp_path, "--engine", "fsdp", "--sharding", sharding,
+        "--model", "toy-mlp:layers=4,hidden=64",
+    )  # fmt: skip
+    assert row["case"] == f"fsdp-{sharding}"
+    half = 4 * (64 * 64 + 64) // 2
+    assert int(row["measured_parameters_bytes"]) == 4 * half
+    assert int(row["measured_gradients_bytes"]) == 4 * half
+    steps = 4 * 2 * 4  # torch Adam's state["step"]: an fp32 scalar per parameter tensor
+    assert int(row["measured_optimizer_states_bytes"]) == 8 * half + steps
+    assert float(row["measured_step_s"]) > 0

@@ -11,19 +11,23 @@ import argparse
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from zsim.errors import InputError, positive_int, require
-from zsim.inputs.scenario import check_layout, parse_model
-from zsim.workload.parallel import ParallelConfig, Precision, ZeroStage
+from zsim.cli.validate_cases import (
+    fsdp_cases,
+    parse_stages,
+    planned_case,
+    precision_of,
+    stage_case,
+    whole,
+)
+from zsim.errors import InputError, require
+from zsim.inputs.scenario import parse_model
+from zsim.workload.parallel import ZeroStage
 
 DEFAULT_CPU_MODEL = "toy-mlp:hidden=1024"  # the seeds' 8 x Linear, narrowed to fit 8 CPU ranks
 DEFAULT_GPU_MODEL = "toy-mlp"  # the seeds' experiment: 8 x Linear(4096, 4096)
-# Untimed steps: on CPU, glibc serves DeepSpeed's per-step buffers from pages never touched
-# before for tens of steps (8,200 minor faults, ~13 ms, per 34 MB buffer; fewer each step)
-DEFAULT_WARMUP = {"cpu": "20", "cuda": "5"}
 
 
 def add_commands(sub: Any) -> None:
@@ -104,30 +108,17 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--band-samples", default="20", help="profiles resampled for the prediction band"
     )
+    p.add_argument(
+        "--engine", help="deepspeed (default) or fsdp (PyTorch FSDP2, one case per --sharding)"
+    )
+    p.add_argument(
+        "--sharding", metavar="S", help="with --engine fsdp: full,grad-op,hybrid (default full)"
+    )
+    p.add_argument(
+        "--shard-size", metavar="N", help="with --sharding hybrid: ranks per shard group"
+    )
     p.add_argument("--out", type=Path, default=Path("validation"), help="output folder")
     p.add_argument("--no-progress", action="store_true", help="no live status line")
-
-
-def _int(field: str, text: str, zero: bool = False) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise InputError(field, text, "a whole number") from None
-    if zero:
-        require(value >= 0, field, value, "a whole number, 0 or more")
-        return value
-    return positive_int(field, value)
-
-
-def parse_stages(text: str) -> list[ZeroStage]:
-    items = [s.strip() for s in text.split(",") if s.strip()]
-    require(
-        bool(items) and all(s in ("0", "1", "2", "3") for s in items),
-        "stages",
-        text,
-        "comma-separated ZeRO stages from 0,1,2,3",
-    )
-    return [ZeroStage(int(s)) for s in dict.fromkeys(items)]
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -136,18 +127,23 @@ def cmd_validate(args: argparse.Namespace) -> int:
     stages = parse_stages(args.stages)
     model_spec = args.model or (DEFAULT_CPU_MODEL if device == "cpu" else DEFAULT_GPU_MODEL)
     model = parse_model(model_spec)
-    precision = _precision(args.precision, device)
+    precision = precision_of(args.precision, device)
     if args.profile is not None:
         from zsim.calibrate.profile import load_profile
 
         load_profile(args.profile)  # a bad file is refused before anything runs
     nodes, ranks_per_node, simulated, emulation = _cluster(args, device)
     require(args.scale is None or args.emulate, "scale", args.scale, "only with --emulate")
-    cases = [
-        _case(args, stage, model, precision, simulated, nodes, ranks_per_node) for stage in stages
-    ]
+    cluster = (simulated, nodes, ranks_per_node)
+    fsdp = args.engine == "fsdp"
+    require(args.engine in (None, "deepspeed", "fsdp"), "engine", args.engine, "deepspeed or fsdp")
+    if fsdp:  # FSDP shards all three model states: one stage-3 case per strategy
+        stages = [ZeroStage.PARAMETERS]
+    cases = [stage_case(args, stage, model, precision, *cluster) for stage in stages]
+    if fsdp:
+        cases = fsdp_cases(args, cases[0])
     if args.ds_config is not None:  # one case, as the file (e.g. `zsim plan --emit`) says
-        cases = [_planned_case(args, cases[0], nodes * ranks_per_node)]
+        cases = [planned_case(args, cases[0], nodes * ranks_per_node)]
     context = {
         "model_spec": model_spec,
         "requested_topology": args.topology or simulated,
@@ -165,12 +161,12 @@ def _cluster(args: argparse.Namespace, device: str) -> tuple[int, int, str, Any]
     if args.topology is None:
         require(device == "cpu", "topology", None, "a topology for cuda runs, e.g. 1x8-nvlink")
         require(not args.emulate, "emulate", True, "a --topology with the nodes to emulate")
-        nproc = _int("nproc", args.nproc or "2")
+        nproc = whole("nproc", args.nproc or "2")
         presets.topology(f"1x{nproc}-cpu")
         return 1, nproc, f"1x{nproc}-cpu", None
     topo = presets.topology(args.topology)
     require(
-        args.nproc is None or _int("nproc", args.nproc) == topo.world_size,
+        args.nproc is None or whole("nproc", args.nproc) == topo.world_size,
         "nproc",
         args.nproc,
         f"{topo.world_size} (the ranks of {args.topology}) or not given",
@@ -190,70 +186,6 @@ def _cluster(args: argparse.Namespace, device: str) -> tuple[int, int, str, Any]
     return topo.nodes, topo.gpus_per_node, emulation.topology, emulation
 
 
-def _case(
-    args: argparse.Namespace,
-    stage: ZeroStage,
-    model: Any,
-    precision: Precision,
-    simulated: str,
-    nodes: int,
-    ranks_per_node: int,
-) -> Any:
-    from zsim.validate import runner
-
-    tp, pp = _int("tp", args.tp), _int("pp", args.pp)
-    world = nodes * ranks_per_node
-    require(world % (tp * pp) == 0, "tp x pp", tp * pp, f"a divisor of the {world} ranks")
-    layout = "".join(f"-{k}{v}" for k, v in (("tp", tp), ("pp", pp)) if v > 1)
-    parallel = ParallelConfig(
-        dp=world // (tp * pp),
-        tp=tp,
-        pp=pp,
-        zero_stage=stage,
-        micro_batch=_int("micro_batch", args.micro_batch),
-        grad_accum=_int("grad_accum", args.grad_accum),
-        precision=precision,
-    )
-    check_layout(model, parallel)  # before anything runs: TP must divide heads and ffn
-    return runner.Case(
-        name=f"z{int(stage)}{layout}",
-        model=model,
-        parallel=parallel,
-        topology=simulated,
-        nodes=nodes,
-        ranks_per_node=ranks_per_node,
-        device=args.device,
-        steps=_int("steps", args.steps),
-        warmup=_int("warmup", args.warmup or DEFAULT_WARMUP[args.device], zero=True),
-        timeout_s=_int("timeout", args.timeout),
-        launches=_int("launches", args.launches),
-    )
-
-
-def _planned_case(args: argparse.Namespace, base: Any, world: int) -> Any:
-    """The case a ds_config describes (stage, batch, precision, ZeRO knobs), on `world` ranks."""
-    from zsim.inputs.files import load_mapping
-    from zsim.workload.ds_config import from_ds_config
-
-    cfg = from_ds_config(load_mapping(args.ds_config, "ds_config"))
-    require(
-        cfg.dp == world,
-        "ds_config",
-        f"dp={cfg.dp} (train_batch_size / micro-batch / accumulation)",
-        f"{world}: the ranks this validation runs (a data-parallel plan for them)",
-    )
-    return replace(base, name=f"z{int(cfg.zero_stage)}-planned", parallel=cfg)
-
-
-def _precision(text: str | None, device: str) -> Precision:
-    if text is None:
-        return Precision.FP32 if device == "cpu" else Precision.FP16
-    try:
-        return Precision(text)
-    except ValueError:
-        raise InputError("precision", text, "fp32, bf16 or fp16") from None
-
-
 def _float(field: str, text: str) -> float:
     try:
         return float(text)
@@ -271,7 +203,7 @@ def _run(
 
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    band = _int("band_samples", args.band_samples, zero=True)
+    band = whole("band_samples", args.band_samples, zero=True)
     with _status(not args.no_progress) as show:
         measured, link = runner.run_all(cases, out, emulation, progress=show)
         show("simulating", None)

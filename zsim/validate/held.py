@@ -154,6 +154,20 @@ def engine_inventory(engine: Any) -> Inventory:
     return inv
 
 
+def _parameter_storages(module: nn.Module) -> set[tuple[str, int]]:
+    """Where the module's parameters live: a DTensor's (FSDP) local shard; a parameter whose
+    storage FSDP has freed (resharded) lives nowhere."""
+    keys = set()
+    for p in module.parameters():
+        to_local = getattr(p, "to_local", None)
+        t = to_local() if to_local is not None else p
+        try:
+            keys.add((str(t.device), t.untyped_storage().data_ptr()))
+        except RuntimeError:  # "an invalid python storage": freed
+            continue
+    return keys
+
+
 class SavedTensors:
     """Bytes of the storages autograd saves for backward while active (parameters excluded)."""
 
@@ -172,8 +186,7 @@ class SavedTensors:
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
         key = (str(t.device), storage.data_ptr())
-        params = {(str(p.device), p.untyped_storage().data_ptr()) for p in self.module.parameters()}
-        if storage.nbytes() and key not in params:
+        if storage.nbytes() and key not in _parameter_storages(self.module):
             self.storages[key] = storage.nbytes()
         return t
 

@@ -7,7 +7,8 @@
 - pipeline parallel (pp > 1): DeepSpeed's `PipelineModule` of the seeds' Linear layers split
   uniformly over pp stages, trained by its `PipelineEngine.train_batch` (its 1F1B
   `TrainSchedule`: one train_batch is a whole optimizer step of `gradient_accumulation_steps`
-  micro-batches).
+  micro-batches);
+- PyTorch FSDP2 (`fsdp_engine`), data parallel, in place of DeepSpeed's engine.
 """
 
 from __future__ import annotations
@@ -71,16 +72,29 @@ class Trainer:
     """A DeepSpeed engine and how one micro-step (or, for pipelines, one step) runs on it."""
 
     def __init__(
-        self, spec: ModelSpec, ds_config: dict[str, Any], tp: int, pp: int, seed: int
+        self,
+        spec: ModelSpec,
+        ds_config: dict[str, Any],
+        layout: tuple[int, int, int],
+        fsdp: dict[str, Any] | None = None,
     ) -> None:
+        tp, pp, seed = layout
         torch.manual_seed(seed)  # the same weights and batch on every rank
         self.pipelined = pp > 1
         mpu = TensorParallelGroups(tp) if tp > 1 else None
         model = _module(spec, tp, pp, mpu)
-        self.engine, *_ = deepspeed.initialize(
-            model=model, model_parameters=model.parameters(), config=ds_config, mpu=mpu
-        )
-        dtype = next(self.engine.module.parameters()).dtype
+        self.engine: Any
+        if fsdp is not None:  # PyTorch FSDP2 instead of DeepSpeed's engine (`fsdp_engine`)
+            from zsim.validate.fsdp_engine import FsdpEngine
+
+            dtype = torch.bfloat16 if ds_config.get("bf16", {}).get("enabled") else torch.float32
+            accum = int(ds_config["gradient_accumulation_steps"])
+            self.engine = FsdpEngine(model, fsdp, accum, dtype)
+        else:
+            self.engine, *_ = deepspeed.initialize(
+                model=model, model_parameters=model.parameters(), config=ds_config, mpu=mpu
+            )
+            dtype = next(self.engine.module.parameters()).dtype
         micro = int(ds_config["train_micro_batch_size_per_gpu"])
         self.batch = torchmodels.batch(spec, micro, dtype=dtype, device=self.engine.device)
         self.dtype = dtype

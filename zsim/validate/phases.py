@@ -30,9 +30,11 @@ TIMED_OPS = (
     "all_reduce_coalesced",
     "all_gather",
     "all_gather_into_tensor",
+    "all_gather_single",  # torch 2.13: what all_gather_into_tensor calls, and FSDP2
     "all_gather_coalesced",
     "reduce_scatter",
     "reduce_scatter_tensor",
+    "reduce_scatter_single",
     "broadcast",
     "all_to_all_single",
     "send",

@@ -29,7 +29,7 @@ from zsim.testbed.emulation_plan import EmulationPlan, emulated
 from zsim.validate.phase_split import measured_phases, median_over_launches
 from zsim.workload.ds_config import to_training_ds_config
 from zsim.workload.model import ModelKind, ModelSpec
-from zsim.workload.parallel import ParallelConfig, Precision
+from zsim.workload.parallel import DpEngine, ParallelConfig, Precision
 
 WORKER = ("-m", "zsim.validate.train_worker")
 # node 0's namespace is this run's own: nothing else listens there
@@ -108,6 +108,10 @@ def unsupported_layout(model: ModelSpec, cfg: ParallelConfig) -> str:
     TP of a transformer (`tp_layers`), DeepSpeed's PipelineEngine of the seeds' Linear stack
     (ParallelConfig already keeps it to ZeRO 0-1), not both at once."""
     tp, pp = cfg.tp, cfg.pp
+    if cfg.dp_engine is DpEngine.MEGATRON:
+        return "dp_engine deepspeed or fsdp: the workers do not run Megatron-Core's DDP"
+    if cfg.dp_engine is DpEngine.FSDP and tp > 1:
+        return "tp 1 with FSDP: the workers run FSDP data parallel only"
     if tp > 1 and pp > 1:
         return "tp 1 or pp 1: the workers run TP or a pipeline, not both"
     if tp > 1 and model.kind is not ModelKind.TRANSFORMER:
@@ -132,11 +136,19 @@ def worker_input(case: Case, collective_timeout_s: float) -> dict[str, Any]:
         "ds_config": ds_config(case.parallel),
         "tp": case.parallel.tp,
         "pp": case.parallel.pp,
+        "fsdp": _fsdp(case.parallel),
         "steps": case.steps,
         "warmup": case.warmup,
         "device": case.device,
         "collective_timeout_s": collective_timeout_s,
     }
+
+
+def _fsdp(cfg: ParallelConfig) -> dict[str, Any] | None:
+    """How the worker wraps the model in FSDP2, or None for DeepSpeed's engine."""
+    if cfg.dp_engine is not DpEngine.FSDP:
+        return None
+    return {"sharding": str(cfg.fsdp_sharding), "shard_size": cfg.shard_ranks}
 
 
 def _env(case: Case, ifname: str, tmp: Path) -> dict[str, str]:

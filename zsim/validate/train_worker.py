@@ -78,7 +78,8 @@ class MemoryProbe:
     def snap(self, label: str) -> None:
         if not self.active:
             return
-        inv = engine_inventory(self.engine)
+        own = getattr(self.engine, "inventory", None)  # FSDP's local shards
+        inv = own() if own is not None else engine_inventory(self.engine)
         self.snapshots[label] = inv.by_category()
         self.largest[label] = inv.largest()
 
@@ -126,7 +127,7 @@ def train(case: dict[str, Any]) -> dict[str, Any]:
     spec = model_from(case["model"])
     device = case["device"]
     layout = (case.get("tp", 1), case.get("pp", 1), case.get("seed", 1234))
-    trainer = Trainer(spec, case["ds_config"], *layout)
+    trainer = Trainer(spec, case["ds_config"], layout, case.get("fsdp"))
     engine, dtype = trainer.engine, trainer.dtype
     probe = MemoryProbe(engine)
     clock = PhaseClock()
