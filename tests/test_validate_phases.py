@@ -140,6 +140,25 @@ def test_a_simulated_step_is_cut_where_deepspeed_calls_cut_it():
     assert (out["forward_comm"], out["backward_comm"], out["step_comm"]) == (2.5, 4.0, 2.0)
 
 
+def test_every_micro_batchs_forward_counts_to_the_forward():
+    # two micro-batches: engine(x), backward, engine(x), backward, then the step
+    spans = [
+        span(Stream.COMPUTE, "F0.engine_host", "forward", 0.0, 1.0),
+        span(Stream.COMPUTE, "F0.L0.gather", "param_gather", 1.0, 2.0),  # in its forward
+        span(Stream.COMPUTE, "F0.L0.linear", "forward", 2.0, 4.0),
+        span(Stream.COMPUTE, "B0.L0.linear", "backward", 4.0, 8.0),
+        span(Stream.COMPUTE, "grad_reduce", "grad_reduce", 8.0, 9.0),
+        span(Stream.COMPUTE, "F1.engine_host", "forward", 9.0, 10.0),
+        span(Stream.COMPUTE, "F1.L0.linear", "forward", 10.0, 12.0),
+        span(Stream.COMPUTE, "B1.L0.re.linear", "recompute", 12.0, 14.0),
+        span(Stream.COMPUTE, "B1.L0.linear", "backward", 14.0, 18.0),
+        span(Stream.COMPUTE, "optimizer_step", "optimizer", 18.0, 20.0),
+    ]
+    out = simulated_phases(spans, 0, 20.0)
+    assert (out["forward"], out["backward"], out["step"]) == (7.0, 11.0, 2.0)
+    assert (out["forward_comm"], out["backward_comm"]) == (1.0, 1.0)
+
+
 def test_a_simulated_pipeline_step_is_cut_where_its_instructions_cut_it():
     spans = [
         span(Stream.COMPUTE, "F0.mb0.linear", "forward", 0.0, 2.0),

@@ -1,10 +1,10 @@
 """The whole local loop, on demand (`make validate`): for each layout, calibrate its profile from
 microbenchmarks, then validate ZeRO stages 0-3 against real DeepSpeed runs with it (each case
 the median of 3 launches; on 1x2 also a small GPT, data parallel and Megatron-style tp 2, and
-DeepSpeed's PipelineEngine at pp 2), then write the tables of README.md here and exit
+DeepSpeed's PipelineEngine at pp 2, PyTorch FSDP2), then write the tables of README.md here and exit
 non-zero when the MAPE over every case exceeds 10 %.
 
-    python benchmarks/validation/loop.py [--layouts 1x2,1x2-pp,1x4,1x4-gpt,2x2,2x4]
+    python benchmarks/validation/loop.py [--layouts 1x2,1x2-pp,1x2-fsdp,1x4,1x4-gpt,2x2,2x4]
         [--reuse-profiles] [--calibrate-only]
 
 The emulated layouts (2x2, 2x4: network namespaces joined by tc-shaped veth links) need root.
@@ -67,6 +67,16 @@ LAYOUTS = {
         (
             Validation(
                 "cpu-1x2-pp2", (*ON_1X2, "--pp", "2", "--grad-accum", "4", "--stages", "0,1")
+            ),
+        ),
+    ),
+    "1x2-fsdp": Layout(  # PyTorch FSDP2, its own profile (with FSDP's host time) just before
+        "cpu-2rank-fsdp",
+        ("--nproc", "2", "--model", MODEL),
+        (
+            Validation(
+                "cpu-1x2-fsdp",
+                (*ON_1X2, "--engine", "fsdp", "--sharding", "full,grad-op", "--grad-accum", "2"),
             ),
         ),
     ),

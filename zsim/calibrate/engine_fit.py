@@ -6,7 +6,8 @@ parameter tensors (each tiny layer holds one): what a call costs and what each t
 simulator charges them once per call on a CPU rank (`DeviceProfile.engine_host_s`, keys
 "z<stage>.<phase>" and "z<stage>.<phase>_per_tensor"; `step.job.StageJob.engine_host_s`).
 DeepSpeed's PipelineEngine likewise, per instruction ("pipe<stage>.<phase>", `pipe_host`):
-rank 0's (the first stage's) time per call against the simulated tiny pipeline's on rank 0."""
+rank 0's (the first stage's) time per call against the simulated tiny pipeline's on rank 0.
+PyTorch FSDP2 likewise ("fsdp-<sharding>.<phase>", `fsdp_host`), each tiny layer a unit."""
 
 from __future__ import annotations
 
@@ -16,14 +17,29 @@ from dataclasses import replace
 from zsim.calibrate.measurement import Kind, Measurement
 from zsim.cluster.device import DeviceProfile
 from zsim.cluster.topology import Topology
+from zsim.step.phases import PHASES
 from zsim.workload.model import ModelSpec
 from zsim.workload.model_presets import preset, with_overrides
-from zsim.workload.parallel import ParallelConfig, PipelineEngine, Precision, ZeroStage
+from zsim.workload.parallel import DpEngine, ParallelConfig, PipelineEngine, Precision, ZeroStage
+from zsim.workload.sharding import FsdpSharding
 
 LAYERS = (8, 16)
 PIPE_STAGES = (0, 1)  # the ZeRO stages DeepSpeed's PipelineEngine runs
 PIPE_PHASES = ("forward", "backward", "send", "step")
 PIPE_MICRO_BATCHES = 4
+FSDP_SHARDINGS = ("full", "grad-op")  # a hybrid mesh needs 4 ranks: charged as full
+CALLS = (
+    *(f"z{s}" for s in range(4)),
+    *(f"pipe{s}" for s in PIPE_STAGES),
+    *(f"fsdp-{s}" for s in FSDP_SHARDINGS),
+)
+ENGINE_CALLS = tuple(
+    f"{call}.{phase}{unit}"
+    for call in CALLS
+    for phase in (PIPE_PHASES if call.startswith("pipe") else PHASES)
+    for unit in ("", "_per_tensor")
+)
+"""The keys of a profile's `engine_host_s`: seconds per call and per parameter tensor."""
 WIDTH = 64  # kernels of microseconds: the step is mostly the engine's own time
 MICRO_BATCH = 4
 
@@ -49,6 +65,12 @@ def tiny_pipe_case(stage: int, world: int) -> ParallelConfig:
         precision=Precision.FP32,
         pipeline_engine=PipelineEngine.DEEPSPEED,
     )
+
+
+def tiny_fsdp_case(sharding: str, world: int) -> ParallelConfig:
+    """FSDP2 over every rank with `sharding` (each tiny layer a unit)."""
+    fsdp = {"dp_engine": DpEngine.FSDP, "fsdp_sharding": FsdpSharding(sharding)}
+    return replace(tiny_case(3, world), **fsdp)  # type: ignore[arg-type]
 
 
 def engine_host_s(
@@ -82,14 +104,17 @@ def engine_host_s(
 
 
 def _simulated(call: str, layers: int, bare: DeviceProfile, topo: Topology) -> dict[str, float]:
-    """Seconds per call the simulator charges rank 0 for the tiny step of `call` ("z<stage>"
-    or "pipe<stage>"), by phase."""
+    """Seconds per call the simulator charges rank 0 for the tiny step of `call` ("z<stage>",
+    "pipe<stage>" or "fsdp-<sharding>"), by phase."""
     from zsim.simulation import simulate
     from zsim.step.phases import simulated_phases, simulated_pipeline_phases
 
-    pipe = call.startswith("pipe")
-    stage = int(call.removeprefix("pipe" if pipe else "z"))
-    case = (tiny_pipe_case if pipe else tiny_case)(stage, topo.world_size)
+    pipe, world = call.startswith("pipe"), topo.world_size
+    if call.startswith("fsdp-"):
+        case = tiny_fsdp_case(call.removeprefix("fsdp-"), world)
+    else:
+        stage = int(call.removeprefix("pipe" if pipe else "z"))
+        case = (tiny_pipe_case if pipe else tiny_case)(stage, world)
     report = simulate(tiny_model(layers), case, topo, bare)
     spans = report.engine.all_spans()
     if not pipe:

@@ -44,7 +44,7 @@ def engine_host(dtype: str) -> list[Measurement]:
         for layers in LAYERS:
             times = _steps(stage, layers)
             for phase in PHASES:
-                samples = _max_over_ranks([t[phase] for t in times])
+                samples = max_over_ranks([t[phase] for t in times])
                 op = f"z{stage}.{phase}"
                 rows.append(Measurement(Kind.ENGINE_HOST, op, dtype, tuple(samples), params=layers))
     return rows if dist.get_rank() == 0 else []
@@ -78,7 +78,7 @@ def _steps(stage: int, layers: int) -> list[dict[str, float]]:
     return out
 
 
-def _max_over_ranks(samples: list[float]) -> list[float]:
+def max_over_ranks(samples: list[float]) -> list[float]:
     t = torch.tensor(samples, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return [float(v) for v in t]

@@ -26,14 +26,13 @@ from typing import Any
 
 import numpy as np
 
-from zsim.calibrate.engine_fit import PIPE_PHASES, PIPE_STAGES
+from zsim.calibrate.engine_fit import ENGINE_CALLS
 from zsim.calibrate.fit import Residual, fit_profile
 from zsim.calibrate.measurement import Kind, Measurement, algbw, busbw
 from zsim.cluster.device import ComputeRates, DeviceProfile, LayerTime, LinkFit
 from zsim.errors import InputError, require
 from zsim.inputs.files import load_json
 from zsim.network.collective import CollectiveOp
-from zsim.step.phases import PHASES
 
 FORMAT_VERSION = 1
 
@@ -84,12 +83,6 @@ def _mapping(where: str, value: Any) -> dict[str, Any]:
 def _per_op(where: str, value: Any) -> dict[str, float]:
     """A mapping from collective op names to non-negative numbers."""
     return _keyed(where, value, [str(op) for op in CollectiveOp])
-
-
-ENGINE_CALLS = tuple(f"z{s}.{p}{u}" for s in range(4) for p in PHASES for u in ("", "_per_tensor"))
-ENGINE_CALLS += tuple(
-    f"pipe{s}.{p}{u}" for s in PIPE_STAGES for p in PIPE_PHASES for u in ("", "_per_tensor")
-)
 
 
 def _keyed(where: str, value: Any, keys: Sequence[str]) -> dict[str, float]:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from zsim.calibrate import engine_host, micro, pingpong, pipe_host
+from zsim.calibrate import engine_host, fsdp_host, micro, pingpong, pipe_host
 from zsim.calibrate.bench import Bench, last_level_cache_bytes
 from zsim.calibrate.measurement import Measurement, merge
 from zsim.calibrate.plan import PROGRESS, Plan, layer_kinds, layer_tp_degrees
@@ -86,6 +86,7 @@ def tasks(bench: Bench, plan: Plan, world: int, local: int) -> list[Task]:
     if plan.engine_host:
         out.append(("DeepSpeed host work", partial(engine_host.engine_host, plan.dtype)))
         out.append(("PipelineEngine host work", partial(pipe_host.pipe_host, plan.dtype)))
+        out.append(("FSDP2 host work", partial(fsdp_host.fsdp_host, plan.dtype)))
     return out
 
 

@@ -15,6 +15,7 @@ from zsim.workload.mechanisms import Mechanism
 from zsim.workload.model import Layer, ModelSpec, ParamTensor
 from zsim.workload.parallel import DpEngine, ParallelConfig, PipelineEngine, ZeroStage
 from zsim.workload.shapes import Shard, layer_input_bytes
+from zsim.workload.sharding import FsdpSharding
 
 
 @dataclass(frozen=True)
@@ -73,18 +74,22 @@ class StageJob:
         profile's measured cost per call plus its cost per parameter tensor times the rank's
         tensors (`calibrate.engine_fit`; under ZeRO-3 its persistent ones, as every tiny
         layer's is: fetched ones added nothing measurable, 6.4 against 6.5 ms for 8 and 16
-        fetched layers); none elsewhere, nor under Megatron's pipeline or DDP, whose calls
-        differ."""
+        fetched layers); PyTorch FSDP2's per call and per tensor likewise (`fsdp_host`); none
+        elsewhere, nor under Megatron's pipeline or DDP, whose calls differ."""
         cfg = self.cfg
         pipe = cfg.pp > 1
-        applies = self.gloo and cfg.dp_engine is DpEngine.DEEPSPEED
+        applies = self.gloo and cfg.dp_engine is not DpEngine.MEGATRON
         applies &= not pipe or cfg.pipeline_engine is PipelineEngine.DEEPSPEED
         if not applies or not cfg.models(Mechanism.ENGINE_HOST):
             return 0.0
         host = self.device.engine_host_s
         call = f"{'pipe' if pipe else 'z'}{int(cfg.zero_stage)}.{phase}"
-        zero3 = cfg.zero_stage is ZeroStage.PARAMETERS  # the tiny layers' are all persistent
-        tensors = self.persistent_tensors() if zero3 else self.tensors()
+        if cfg.dp_engine is DpEngine.FSDP:  # a hybrid mesh's hooks are FULL_SHARD's
+            grad_op = cfg.fsdp_sharding is FsdpSharding.GRAD_OP
+            call = f"fsdp-{'grad-op' if grad_op else 'full'}.{phase}"
+        deepspeed3 = cfg.zero_stage is ZeroStage.PARAMETERS and cfg.dp_engine is DpEngine.DEEPSPEED
+        # ZeRO-3's tiny layers' are all persistent; FSDP shards every tensor
+        tensors = self.persistent_tensors() if deepspeed3 else self.tensors()
         return host.get(call, 0.0) + host.get(f"{call}_per_tensor", 0.0) * len(tensors)
 
     def activation_bytes(self) -> float:

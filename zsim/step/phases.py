@@ -19,17 +19,35 @@ COMM_CATEGORIES = ("grad_reduce", "param_gather", "tp_comm")
 
 
 def simulated_phases(spans: Iterable[Span], rank: int, end_s: float) -> dict[str, float]:
-    """forward/backward/step seconds and `<phase>_comm` seconds of `rank`'s simulated step."""
+    """forward/backward/step seconds and `<phase>_comm` seconds of `rank`'s simulated step:
+    each micro-batch's forward from its first forward task (its engine host time, a gather
+    before its first kernel), its backward from its first backward or recompute task, the
+    step from the optimizer's first task on."""
     mine = sorted((s for s in spans if s.rank == rank), key=lambda s: s.start_s)
-    backward = min((s.start_s for s in mine if s.category == "backward"), default=end_s)
-    step = min((s.start_s for s in mine if s.name in STEP_STARTS), default=end_s)
-    cuts = {"forward": (0.0, backward), "backward": (backward, step), "step": (step, end_s)}
-    out = {p: hi - lo for p, (lo, hi) in cuts.items()}  # keyed by PHASES
-    for phase, (lo, hi) in cuts.items():
-        out[f"{phase}_comm"] = sum(
+    cuts = [("forward", 0.0)]
+    for span in mine:
+        phase = _phase_of(span)
+        if phase is not None and phase != cuts[-1][0]:
+            cuts.append((phase, span.start_s))
+    out = dict.fromkeys((*PHASES, *(f"{p}_comm" for p in PHASES)), 0.0)
+    for (phase, lo), (_, hi) in zip(cuts, [*cuts[1:], ("", end_s)], strict=True):
+        out[phase] += hi - lo
+        out[f"{phase}_comm"] += sum(
             max(0.0, min(s.end_s, hi) - max(s.start_s, lo)) for s in mine if _is_transfer(s)
         )
     return out
+
+
+def _phase_of(span: Span) -> str | None:
+    """The DeepSpeed call a task opens, if it opens one (a collective or copy belongs to the
+    call that is running)."""
+    if span.name in STEP_STARTS:
+        return "step"
+    if span.category == "forward":
+        return "forward"
+    if span.category in ("backward", "recompute"):
+        return "backward"
+    return None
 
 
 def _is_transfer(span: Span) -> bool:

@@ -1,4 +1,5 @@
-"""The tensors a real DeepSpeed engine holds, by ledger category (needs torch).
+"""The tensors a real DeepSpeed engine (or PyTorch FSDP2) holds, by ledger category (needs
+torch).
 
 The engine's objects (its module's parameters, the ZeRO optimizer wrapper, the torch optimizer
 it wraps, the engine itself) are walked for tensors; each tensor is reduced to its storage, so a
@@ -30,6 +31,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from zsim.testbed.fsdp_engine import FsdpEngine, local
 
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "comm_buffers", "other")
 
@@ -141,6 +144,8 @@ def _key(k: Any) -> str:
 
 def engine_inventory(engine: Any) -> Inventory:
     """Every storage the engine holds right now."""
+    if isinstance(engine, FsdpEngine):
+        return fsdp_inventory(engine)
     inv = Inventory()
     for name, param in engine.module.named_parameters():
         # ZeRO-3: a partitioned parameter's .data is the full tensor only while gathered
@@ -166,6 +171,22 @@ def _parameter_storages(module: nn.Module) -> set[tuple[str, int]]:
         except RuntimeError:  # "an invalid python storage": freed
             continue
     return keys
+
+
+def fsdp_inventory(engine: FsdpEngine) -> Inventory:
+    """FSDP2's local storages: shards (and, while gathered, unsharded parameters), their
+    gradients, Adam's state."""
+    inv = Inventory()
+    for name, param in engine.module.named_parameters():
+        sharded = hasattr(param, "to_local")
+        inv.walk(local(param), f"param<{name}>" if sharded else f"gathered<{name}>")
+        if param.grad is not None:
+            inv.walk(local(param.grad), f"param<{name}>.grad")
+    for i, state in enumerate(engine.optimizer.state.values()):
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                inv.walk(local(value), f"optimizer.state[{i}].{key}")
+    return inv
 
 
 class SavedTensors:

@@ -85,7 +85,7 @@ class Trainer:
         model = _module(spec, tp, pp, mpu)
         self.engine: Any
         if fsdp is not None:  # PyTorch FSDP2 instead of DeepSpeed's engine (`fsdp_engine`)
-            from zsim.validate.fsdp_engine import FsdpEngine
+            from zsim.testbed.fsdp_engine import FsdpEngine
 
             dtype = torch.bfloat16 if ds_config.get("bf16", {}).get("enabled") else torch.float32
             accum = int(ds_config["gradient_accumulation_steps"])

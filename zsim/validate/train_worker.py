@@ -78,8 +78,7 @@ class MemoryProbe:
     def snap(self, label: str) -> None:
         if not self.active:
             return
-        own = getattr(self.engine, "inventory", None)  # FSDP's local shards
-        inv = own() if own is not None else engine_inventory(self.engine)
+        inv = engine_inventory(self.engine)
         self.snapshots[label] = inv.by_category()
         self.largest[label] = inv.largest()
 

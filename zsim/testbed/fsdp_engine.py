@@ -1,4 +1,5 @@
-"""PyTorch FSDP2 in the shape of a DeepSpeed engine, for the validation worker (needs torch).
+"""PyTorch FSDP2 in the shape of a DeepSpeed engine, for the validation worker and the
+calibration's host-time microbenchmark (needs torch).
 
 The model is wrapped as `zsim.step.fsdp` assumes: `fully_shard` on each block (the seeds' MLP:
 each Linear layer), then on the root; `MixedPrecisionPolicy(param_dtype=<dtype>,
@@ -17,8 +18,6 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-from zsim.validate.held import Inventory
 
 LEARNING_RATE = 1e-4  # as to_training_ds_config's Adam
 
@@ -65,21 +64,6 @@ class FsdpEngine:
         torch.nn.utils.clip_grad_norm_(self.module.parameters(), 1.0)
         self.optimizer.step()
         self.optimizer.zero_grad()
-
-    def inventory(self) -> Inventory:
-        """The local storages: shards (and, while gathered, unsharded parameters), their
-        gradients, Adam's state."""
-        inv = Inventory()
-        for name, param in self.module.named_parameters():
-            sharded = hasattr(param, "to_local")
-            inv.walk(local(param), f"param<{name}>" if sharded else f"gathered<{name}>")
-            if param.grad is not None:
-                inv.walk(local(param.grad), f"param<{name}>.grad")
-        for i, state in enumerate(self.optimizer.state.values()):
-            for key, value in state.items():
-                if isinstance(value, torch.Tensor):
-                    inv.walk(local(value), f"optimizer.state[{i}].{key}")
-        return inv
 
 
 def units(model: nn.Module) -> list[nn.Module]:
