@@ -129,7 +129,7 @@ def test_the_emitted_ds_config_is_one_deepspeed_accepts(capsys, tmp_path, monkey
     monkeypatch.setattr(ds_config_module.dist, "get_rank", lambda: 0)
 
     argv = "--model gpt-350m --topology 1x8-nvlink --global-batch 64 --simulate 1 --pp 1"
-    code = main(["plan", *argv.split(), "--emit", str(tmp_path)])
+    code = main(["plan", *argv.split(), "--engine", "deepspeed", "--emit", str(tmp_path)])
     capsys.readouterr()
     assert code == 0
     ds = json.loads((tmp_path / "ds_config.json").read_text())

@@ -25,7 +25,7 @@ from zsim.outputs import render
 from zsim.plan import advice, emit
 from zsim.plan.planner import Objective, Plan, plan
 from zsim.plan.space import Space
-from zsim.workload.parallel import Precision, ZeroStage
+from zsim.workload.parallel import DpEngine, Precision, ZeroStage
 
 EXIT_NOTHING_FITS = 1
 
@@ -48,6 +48,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         pps=_ints("pp", args.pp, None),
         precision=precision,
         flash_attention=not args.no_flash_attention,
+        engines=_engines(args.engine),
     )
     simulate_top = 0 if args.simulate is None else _count("simulate", args.simulate)
     simulate_top = top if args.simulate is None else simulate_top
@@ -197,9 +198,20 @@ def _outputs(args: argparse.Namespace, model: Any, topology: Any, result: Plan) 
     if args.emit:
         best = result.ranked[0].cfg
         args.emit.mkdir(parents=True, exist_ok=True)
-        write_output(args.emit / "ds_config.json", json.dumps(emit.ds_config(best), indent=2))
+        for name, config in emit.config_files(best).items():
+            write_output(args.emit / name, json.dumps(config, indent=2))
         lines = emit.launch_lines(model, best, topology.nodes, topology.gpus_per_node)
         write_output(args.emit / "launch.sh", "\n".join(lines) + "\n")
+
+
+def _engines(text: str | None) -> tuple[DpEngine, ...]:
+    """The data-parallel engines to search (DeepSpeed's covers Megatron's pipelines too)."""
+    if text is None:
+        return (DpEngine.DEEPSPEED,)
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    ok = bool(names) and all(n in ("deepspeed", "fsdp") for n in names)
+    require(ok, "engine", text, "deepspeed, fsdp or deepspeed,fsdp")
+    return tuple(DpEngine(n) for n in dict.fromkeys(names))
 
 
 def add_commands(sub: Any) -> None:
@@ -218,6 +230,11 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--pp", metavar="LIST", help="only these pipeline depths")
     p.add_argument("--stage", metavar="LIST", help="only these ZeRO stages, e.g. 2,3")
     p.add_argument("--no-flash-attention", action="store_true")
+    p.add_argument(
+        "--engine",
+        metavar="LIST",
+        help="deepspeed (default), fsdp or deepspeed,fsdp (PyTorch FSDP2 beside)",
+    )
     p.add_argument(
         "--emit", type=Path, metavar="DIR", help="write the winner's ds_config, launcher"
     )

@@ -12,12 +12,23 @@ from zsim.memory import peak_ledger
 from zsim.plan.estimate import Estimator
 from zsim.plan.planner import Candidate, Miss, Plan
 from zsim.workload.model import ModelSpec
-from zsim.workload.parallel import Offload, ParallelConfig, PipelineEngine, Recompute, ZeroStage
+from zsim.workload.parallel import (
+    DpEngine,
+    Offload,
+    ParallelConfig,
+    PipelineEngine,
+    Recompute,
+    ZeroStage,
+)
+from zsim.workload.sharding import FsdpSharding
 
 
 def describe(cfg: ParallelConfig) -> str:
     """A layout in one line: ZeRO stage, offload, the three sizes, batch, schedule, options."""
     parts = [f"ZeRO-{int(cfg.zero_stage)}"]
+    if cfg.dp_engine is DpEngine.FSDP:
+        hybrid = cfg.fsdp_sharding is FsdpSharding.HYBRID
+        parts = [f"FSDP {cfg.fsdp_sharding}" + (f" {cfg.shard_ranks}" if hybrid else "")]
     if cfg.zero_plus_plus:
         parts.append(cfg.zero_plus_plus)
     if cfg.offload is not Offload.NONE:
@@ -61,6 +72,9 @@ def _config(cfg: ParallelConfig) -> dict[str, Any]:
         "tp": cfg.tp,
         "pp": cfg.pp,
         "zero_stage": int(cfg.zero_stage),
+        "dp_engine": str(cfg.dp_engine),
+        "fsdp_sharding": str(cfg.fsdp_sharding),
+        "fsdp_shard_size": cfg.fsdp_shard_size,
         "offload": str(cfg.offload),
         "micro_batch": cfg.micro_batch,
         "grad_accum": cfg.grad_accum,
@@ -81,7 +95,14 @@ def stage_rule(
     (nor ZeRO++'s hpZ copy or qwZ: the seeds' stages), the first that fits, and what ZeRO-3
     would cost in data-parallel traffic for how much more headroom."""
     plain = replace(best.cfg.knobs, hpz_partition_size=1, quantized_weights=False)
-    cfg = replace(best.cfg, offload=Offload.NONE, knobs=plain)
+    cfg = replace(  # the seeds' stages, as DeepSpeed runs them
+        best.cfg,
+        offload=Offload.NONE,
+        knobs=plain,
+        dp_engine=DpEngine.DEEPSPEED,
+        fsdp_sharding=FsdpSharding.FULL,
+        fsdp_shard_size=0,
+    )
     if cfg.pp > 1:
         return "ZeRO-2 and ZeRO-3 do not run with pipeline parallelism (DeepSpeed): ZeRO-0/1 only."
     usable = device.usable_bytes

@@ -1,4 +1,5 @@
-"""A plan's winner as files to run: its ds_config.json and the launcher lines.
+"""A plan's winner as files to run: its ds_config.json (PyTorch FSDP2's arguments as
+fsdp.json when FSDP won) and the launcher lines.
 
 The ds_config holds DeepSpeed's keys (`workload.ds_config.to_ds_config`: the batch rule
 satisfied, the ZeRO stage, buckets, offload, precision); tensor and pipeline parallelism are
@@ -12,7 +13,8 @@ from typing import Any
 
 from zsim.workload.ds_config import to_ds_config
 from zsim.workload.model import ModelKind, ModelSpec
-from zsim.workload.parallel import PipelineEngine, PipelineSchedule, Recompute
+from zsim.workload.parallel import DpEngine, PipelineEngine, PipelineSchedule, Recompute
+from zsim.workload.sharding import FsdpSharding
 
 
 def ds_config(cfg: Any) -> dict[str, Any]:
@@ -20,6 +22,36 @@ def ds_config(cfg: Any) -> dict[str, Any]:
     if cfg.recompute is not Recompute.NONE:
         ds["activation_checkpointing"] = {"partition_activations": False}
     return ds
+
+
+def config_files(cfg: Any) -> dict[str, dict[str, Any]]:
+    """The winner's configuration file: DeepSpeed's ds_config, or FSDP2's arguments."""
+    if cfg.dp_engine is DpEngine.FSDP:
+        return {"fsdp.json": fsdp_config(cfg)}
+    return {"ds_config.json": ds_config(cfg)}
+
+
+def fsdp_config(cfg: Any) -> dict[str, Any]:
+    """`fully_shard`'s arguments as zsim simulated them (`zsim.step.fsdp`): each block wrapped,
+    then the model; the mesh (replicate, shard) of a hybrid layout; torchtitan's mixed
+    precision."""
+    shard = cfg.shard_ranks
+    hybrid = cfg.fsdp_sharding is FsdpSharding.HYBRID
+    return {
+        "api": "torch.distributed.fsdp.fully_shard",
+        "wrap": "fully_shard(block) for each transformer block, then fully_shard(model)",
+        "reshard_after_forward": cfg.fsdp_sharding is not FsdpSharding.GRAD_OP,
+        "mesh": {
+            "shape": [cfg.dp // shard, shard] if hybrid else [cfg.dp],
+            "mesh_dim_names": ["replicate", "shard"] if hybrid else ["shard"],
+        },
+        "tensor_parallel_size": cfg.tp,
+        "mp_policy": {"param_dtype": str(cfg.precision), "reduce_dtype": "fp32"},
+        "micro_batch": cfg.micro_batch,
+        "gradient_accumulation_steps": cfg.grad_accum,
+        "global_batch": cfg.global_batch,
+        "activation_checkpointing": str(cfg.recompute),
+    }
 
 
 def launch_lines(model: ModelSpec, cfg: Any, nodes: int, gpus_per_node: int) -> list[str]:
@@ -35,6 +67,8 @@ def launch_lines(model: ModelSpec, cfg: Any, nodes: int, gpus_per_node: int) -> 
         '--node_rank "${NODE_RANK:-0}" --master_addr "${MASTER_ADDR:-127.0.0.1}" '
         "--master_port 29500"
     )
+    if cfg.dp_engine is DpEngine.FSDP:
+        return [*head, f"torchrun {rendezvous} train.py --fsdp-config fsdp.json"]
     if (cfg.pp > 1 and cfg.pipeline_engine is PipelineEngine.MEGATRON) or cfg.tp > 1:
         return [*head, f"torchrun {rendezvous} pretrain_gpt.py \\", *_megatron(model, cfg)]
     stages = f" --num-stages {cfg.pp}" if cfg.pp > 1 else ""

@@ -8,13 +8,12 @@ this tier adds is only how the pieces compose, each rule from the schedule it st
 - pipeline: (m + p - 1) passes of the slowest stage for GPipe and 1F1B, the fill and drain
   shortened by v with interleaving (Narayanan et al. 2021, sec. 2.2), plus the sends of the
   fill and drain (and of every micro-batch for DeepSpeed's blocking engine);
-- data parallelism: the reductions DeepSpeed issues per ZeRO stage (`step.zero_reduce`):
-  exposed whole when they run on the compute stream, beyond the backward they overlap when
-  overlap_comm puts them on their own stream; ZeRO-3's gathers beyond the compute they
-  prefetch behind; then the norm, the Adam step (or its offload) and the post-step gather.
+- data parallelism: DeepSpeed's reductions per ZeRO stage (`step.zero_reduce`), exposed whole
+  on the compute stream, beyond the backward with overlap_comm; ZeRO-3's gathers (and FSDP2's,
+  `fsdp_terms`) beyond the compute they prefetch behind; the norm, Adam, post-step gathers.
 
-No flow contention: two collectives that share links are timed as if alone, so the tier is
-optimistic where links are shared; the discrete-event simulation ranks its best candidates.
+Collectives that share links are solved together only beside their replica groups; elsewhere
+timed as if alone, so the tier is optimistic there; the simulation ranks its best candidates.
 """
 
 from __future__ import annotations
@@ -32,7 +31,9 @@ from zsim.cluster.topology import Topology
 from zsim.memory import stage_params
 from zsim.network.collective import CollectiveCall, CollectiveOp
 from zsim.network.communicator import Communicator, simulate_s
+from zsim.plan.fsdp_terms import fsdp_terms
 from zsim.plan.zero3_terms import GatherSums, zero3_terms
+from zsim.step import fsdp
 from zsim.step.job import StageJob
 from zsim.step.kernels import LayerKernels
 from zsim.step.optimizer import step_passes
@@ -41,6 +42,7 @@ from zsim.workload.layout import rank_chunks
 from zsim.workload.model import Layer, ModelSpec
 from zsim.workload.parallel import (
     STAGE0_ALLREDUCE_BUCKET_NUMEL,
+    DpEngine,
     Offload,
     ParallelConfig,
     PipelineEngine,
@@ -94,6 +96,7 @@ class Estimator:
         self._flops: dict[object, float] = {}  # forward FLOPs, message sizes, step passes
         self._stages: dict[tuple[object, ...], tuple[list[tuple[int, Layer]], int]] = {}
         self._gathered = GatherSums(model)
+        self._units: dict[tuple[int, int, int], list[fsdp.Unit]] = {}  # by (tp, stage, pp)
 
     # ---- pieces ----
 
@@ -280,7 +283,9 @@ class Estimator:
         d, n = cfg.precision.bytes, cfg.dp
         padded = -(-params // n) * n
         exposed = sent = 0.0
-        if n > 1 and cfg.zero_stage is ZeroStage.PARAMETERS:
+        if n > 1 and cfg.dp_engine is DpEngine.FSDP:
+            exposed, sent = self._fsdp(cfg, group, stage, (forward, backward))
+        elif n > 1 and cfg.zero_stage is ZeroStage.PARAMETERS:
             peers = self._beside[id(group)]
 
             def collective(op: CollectiveOp, nbytes: float, members: tuple[int, ...]) -> float:
@@ -298,13 +303,39 @@ class Estimator:
             exposed = self._reduce(cfg, group, params, backward)
             reductions = cfg.grad_accum if cfg.zero_stage is ZeroStage.GRADIENTS else 1
             sent = reductions * 2 * (n - 1) / n * params * d  # all-reduces
-        shard = params / (n if cfg.zero_stage >= ZeroStage.OPTIMIZER else 1)
+        shard = params / (cfg.shard_ranks if cfg.zero_stage >= ZeroStage.OPTIMIZER else 1)
         optimizer = self._optimizer(cfg, stage, shard)
         if n > 1 and cfg.zero_stage in (ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS):
             peers = self._beside[id(group)]
             optimizer += self.collective_s(CollectiveOp.ALL_GATHER, padded * d, group, peers)
             sent += (n - 1) / n * padded * d
         return exposed, optimizer, sent
+
+    def _fsdp(
+        self, cfg: ParallelConfig, group: tuple[int, ...], stage: int, passes: tuple[float, float]
+    ) -> tuple[float, float]:
+        """FSDP2's terms (`fsdp_terms`); a hybrid mesh's calls beside every block's, stride's."""
+        h, peers = cfg.shard_ranks, self._beside[id(group)]  # peers: the other TP ranks'
+        every = (group, *peers)  # every group's blocks and strides call at once
+        blocks = [tuple(g[i : i + h] for i in range(0, len(g), h)) for g in every]
+        strides = [tuple(g[j::h] for j in range(h)) for g in every]
+        shard, replicas = (
+            group if h == len(group) else self._kept((k, h, id(group)), g[0][0])
+            for k, g in (("b", blocks), ("s", strides))
+        )
+        beside = {
+            id(shard): tuple(b for bs in blocks for b in bs if b != shard),
+            id(replicas): tuple(r for rs in strides for r in rs if r != replicas),
+            id(group): peers,
+        }
+        if (key := (cfg.tp, stage, cfg.pp)) not in self._units:
+            layers = [x for chunk in rank_chunks(self.model, cfg, stage) for x in chunk]
+            self._units[key] = fsdp.units(layers, cfg.tp)
+
+        def collective(op: CollectiveOp, nbytes: float, members: tuple[int, ...]) -> float:
+            return self.collective_s(op, nbytes, members, beside.get(id(members), ()))
+
+        return fsdp_terms(cfg, self.device, collective, (shard, replicas), self._units[key], passes)
 
     def _dp_group(self, grid: RankGrid, stage: int) -> tuple[int, ...]:
         """The first pipeline stage's data-parallel group stands for every stage's: their
@@ -357,7 +388,7 @@ class Estimator:
             link = device.host_link_bytes_per_s
             rate = device.host_adam_params_per_s or 1e-30
             return shard * 4 / link + shard / rate + shard * cfg.precision.bytes / link
-        key = ("step", cfg.zero_stage, cfg.precision, shard)
+        key = ("step", cfg.zero_stage, cfg.dp_engine, cfg.precision, shard)
         if key not in self._flops:
             prepare = step_passes(self.job(cfg, stage), shard)
             self._flops[key] = device.copy_time_s(prepare, str(cfg.precision))

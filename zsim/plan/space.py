@@ -1,8 +1,8 @@
 """The layouts a cluster allows for one model and global batch, by the frameworks' own rules.
 
 ZeRO stage x offload x tp (within a node) x pp x schedule (1F1B, GPipe, interleaved with v)
-x micro-batch (so the accumulation) x recompute x sequence parallelism x pipeline engine, and
-ZeRO-3 with ZeRO++'s hpZ (over a node) and qwZ.
+x micro-batch (so the accumulation) x recompute x sequence parallelism x pipeline engine,
+ZeRO-3 with ZeRO++'s hpZ (over a node) and qwZ, and ZeRO-3 as PyTorch FSDP2 runs it.
 What a framework refuses is not enumerated: `ParallelConfig` and `check_layout` hold the rules
 (ZeRO-2/3 not with DeepSpeed's pipeline, offload from ZeRO-1, heads and kv-heads divisible by
 tp, layers over pp x v, interleaving's accumulation a multiple of pp, the batch rule).
@@ -18,14 +18,17 @@ from zsim.errors import InputError
 from zsim.inputs.scenario import check_layout
 from zsim.workload.model import ModelKind, ModelSpec
 from zsim.workload.parallel import (
+    DpEngine,
     Offload,
     ParallelConfig,
     PipelineEngine,
     PipelineSchedule,
     Precision,
     Recompute,
+    ZeroKnobs,
     ZeroStage,
 )
+from zsim.workload.sharding import FsdpSharding
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,10 @@ class Space:
     precision: Precision = Precision.BF16
     flash_attention: bool = True
     zero_plus_plus: bool = True  # ZeRO-3 with ZeRO++'s hpZ and qwZ too
+    # whose data parallelism: DeepSpeed's (and Megatron's pipelines); PyTorch FSDP2's (ZeRO-3's
+    # layouts as FSDP runs them: full, grad-op, hybrid) on request, until its closed form and
+    # its local validation cover more than 1x2 (docs/fsdp-semantics.md)
+    engines: tuple[DpEngine, ...] = (DpEngine.DEEPSPEED,)
 
 
 def _divisors(n: int) -> list[int]:
@@ -105,9 +112,12 @@ def layouts(
                         sizes |= {"micro_batch": micro}
                         sizes |= {"grad_accum": accum, "zero_stage": stage, "offload": offload}
                         found = _valid(model, sizes, recompute, sp, pipe, space)
-                        if found is not None:
+                        if found is None:
+                            continue
+                        if DpEngine.DEEPSPEED in space.engines:
                             yield found
                             yield from _zero_plus_plus(found, gpus_per_node, space)
+                        yield from _fsdp(found, gpus_per_node, space)
 
 
 def _zero_plus_plus(
@@ -124,6 +134,22 @@ def _zero_plus_plus(
         choices += [hpz, replace(hpz, quantized_weights=True)]
     for knobs in choices:
         yield replace(cfg, knobs=knobs)
+
+
+def _fsdp(cfg: ParallelConfig, gpus_per_node: int, space: Space) -> Iterator[ParallelConfig]:
+    """ZeRO-3's layouts as PyTorch FSDP2 runs them: FULL_SHARD, SHARD_GRAD_OP and, across
+    nodes, HYBRID_SHARD within a node's data-parallel ranks (FSDP without PP or offload)."""
+    plain = cfg.knobs == ZeroKnobs() and cfg.offload is Offload.NONE and cfg.pp == 1
+    wanted = DpEngine.FSDP in space.engines and cfg.zero_stage is ZeroStage.PARAMETERS
+    if not wanted or cfg.dp == 1 or not plain:
+        return
+    fsdp = {"dp_engine": DpEngine.FSDP}
+    for sharding in (FsdpSharding.FULL, FsdpSharding.GRAD_OP):
+        yield replace(cfg, **fsdp, fsdp_sharding=sharding)  # type: ignore[arg-type]
+    node = gpus_per_node // cfg.tp  # the data-parallel ranks of a node
+    if 1 < node < cfg.dp and cfg.dp % node == 0:
+        hybrid = {"fsdp_sharding": FsdpSharding.HYBRID, "fsdp_shard_size": node}
+        yield replace(cfg, **fsdp, **hybrid)  # type: ignore[arg-type]
 
 
 def _valid(
