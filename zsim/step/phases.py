@@ -51,10 +51,11 @@ def _phase_of(span: Span) -> str | None:
 
 
 def _is_transfer(span: Span) -> bool:
-    """A collective's own span: not the norm kernel of the reduction category, nor ZeRO-3's
-    copy of a gathered buffer into its parameters."""
+    """A collective's own span: not the norm kernel of the reduction category, nor a copy
+    around a gather (ZeRO-3's and FSDP's copy-out into the parameters, FSDP's copy-in)."""
     in_comm = span.category in COMM_CATEGORIES
-    return in_comm and span.name != "grad_norm" and not span.name.endswith("copy_out")
+    copy = span.name.endswith(("copy_out", "copy_in"))
+    return in_comm and span.name != "grad_norm" and not copy
 
 
 PIPE_INSTRUCTIONS = {  # DeepSpeed TrainSchedule instruction -> the phase it belongs to
