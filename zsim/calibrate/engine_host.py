@@ -16,10 +16,13 @@ models are not used.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from zsim.calibrate.engine_fit import LAYERS, MICRO_BATCH, tiny_case, tiny_model
 from zsim.calibrate.measurement import Kind, Measurement
@@ -39,28 +42,38 @@ def ds_config(stage: int) -> dict[str, Any]:
 def engine_host(dtype: str) -> list[Measurement]:
     """Every rank runs this together; rank 0 keeps the rows: per stage and phase, the slowest
     rank's time of each step."""
+    return host_rows(dtype, {f"z{stage}": partial(_deepspeed, stage) for stage in STAGES})
+
+
+def host_rows(dtype: str, engines: Mapping[str, Callable[[nn.Module], Any]]) -> list[Measurement]:
+    """For each call ("z<stage>", "fsdp-<sharding>") and layer count, the tiny model's steps
+    on the engine its builder makes, one row per phase (ops "<call>.<phase>"); rank 0's."""
     rows = []
-    for stage in STAGES:
+    for call, build in engines.items():
         for layers in LAYERS:
-            times = _steps(stage, layers)
+            times = _steps(build, layers)
             for phase in PHASES:
                 samples = max_over_ranks([t[phase] for t in times])
-                op = f"z{stage}.{phase}"
+                op = f"{call}.{phase}"
                 rows.append(Measurement(Kind.ENGINE_HOST, op, dtype, tuple(samples), params=layers))
     return rows if dist.get_rank() == 0 else []
 
 
-def _steps(stage: int, layers: int) -> list[dict[str, float]]:
+def _deepspeed(stage: int, model: nn.Module) -> Any:
     import deepspeed  # the calibrate extra; imported here so that the other rows need not
 
+    engine, *_ = deepspeed.initialize(
+        model=model, model_parameters=model.parameters(), config=ds_config(stage)
+    )
+    return engine
+
+
+def _steps(build: Callable[[nn.Module], Any], layers: int) -> list[dict[str, float]]:
     from zsim.testbed import torchmodels
 
     spec = tiny_model(layers)
     torch.manual_seed(0)
-    model = torchmodels.build(spec)
-    engine, *_ = deepspeed.initialize(
-        model=model, model_parameters=model.parameters(), config=ds_config(stage)
-    )
+    engine = build(torchmodels.build(spec))
     x, y = torchmodels.batch(spec, MICRO_BATCH, dtype=torch.float32, device=engine.device)
     out = []
     for i in range(WARMUP_STEPS + STEPS):
@@ -74,7 +87,9 @@ def _steps(stage: int, layers: int) -> list[dict[str, float]]:
         t3 = time.perf_counter()
         if i >= WARMUP_STEPS:
             out.append({"forward": t1 - t0, "backward": t2 - t1, "step": t3 - t2})
-    engine.destroy()
+    destroy = getattr(engine, "destroy", None)  # DeepSpeed's; FSDP has nothing to tear down
+    if destroy is not None:
+        destroy()
     return out
 
 

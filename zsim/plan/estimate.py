@@ -31,7 +31,7 @@ from zsim.cluster.topology import Topology
 from zsim.memory import stage_params
 from zsim.network.collective import CollectiveCall, CollectiveOp
 from zsim.network.communicator import Communicator, simulate_s
-from zsim.plan.fsdp_terms import fsdp_terms
+from zsim.plan.fsdp_terms import FsdpGroups, fsdp_groups, fsdp_terms
 from zsim.plan.zero3_terms import GatherSums, zero3_terms
 from zsim.step import fsdp
 from zsim.step.job import StageJob
@@ -97,6 +97,7 @@ class Estimator:
         self._stages: dict[tuple[object, ...], tuple[list[tuple[int, Layer]], int]] = {}
         self._gathered = GatherSums(model)
         self._units: dict[tuple[int, int, int], list[fsdp.Unit]] = {}  # by (tp, stage, pp)
+        self._fsdp_groups: dict[tuple[int, int], FsdpGroups] = {}  # by (h, id(dp group))
 
     # ---- pieces ----
 
@@ -315,19 +316,11 @@ class Estimator:
         self, cfg: ParallelConfig, group: tuple[int, ...], stage: int, passes: tuple[float, float]
     ) -> tuple[float, float]:
         """FSDP2's terms (`fsdp_terms`); a hybrid mesh's calls beside every block's, stride's."""
-        h, peers = cfg.shard_ranks, self._beside[id(group)]  # peers: the other TP ranks'
-        every = (group, *peers)  # every group's blocks and strides call at once
-        blocks = [tuple(g[i : i + h] for i in range(0, len(g), h)) for g in every]
-        strides = [tuple(g[j::h] for j in range(h)) for g in every]
-        shard, replicas = (
-            group if h == len(group) else self._kept((k, h, id(group)), g[0][0])
-            for k, g in (("b", blocks), ("s", strides))
-        )
-        beside = {
-            id(shard): tuple(b for bs in blocks for b in bs if b != shard),
-            id(replicas): tuple(r for rs in strides for r in rs if r != replicas),
-            id(group): peers,
-        }
+        h = cfg.shard_ranks
+        if (h, id(group)) not in self._fsdp_groups:
+            found = fsdp_groups(group, self._beside[id(group)], h, self._kept)
+            self._fsdp_groups[(h, id(group))] = found
+        shard, replicas, beside = self._fsdp_groups[(h, id(group))]
         if (key := (cfg.tp, stage, cfg.pp)) not in self._units:
             layers = [x for chunk in rank_chunks(self.model, cfg, stage) for x in chunk]
             self._units[key] = fsdp.units(layers, cfg.tp)

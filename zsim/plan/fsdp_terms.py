@@ -21,6 +21,33 @@ from zsim.workload.parallel import ParallelConfig
 from zsim.workload.sharding import FsdpSharding
 
 Collective = Callable[[CollectiveOp, float, tuple[int, ...]], float]
+Group = tuple[int, ...]
+FsdpGroups = tuple[Group, Group, dict[int, tuple[Group, ...]]]
+Keep = Callable[[tuple[object, ...], Group], Group]  # one tuple per group (`Estimator._kept`)
+
+
+def fsdp_groups(
+    group: Group,
+    peers: tuple[Group, ...],
+    h: int,
+    kept: Callable[[tuple[object, ...], Group], Group],
+) -> FsdpGroups:
+    """The shard and replica groups of `group`'s first rank (the group itself unless hybrid),
+    and, by id, what runs beside each: every data-parallel group's (`peers`: the other TP
+    ranks') blocks of `h` and strides of `h`, at once."""
+    every = (group, *peers)
+    blocks = [tuple(g[i : i + h] for i in range(0, len(g), h)) for g in every]
+    strides = [tuple(g[j::h] for j in range(h)) for g in every]
+    shard, replicas = (
+        group if h == len(group) else kept((k, h, id(group)), g[0][0])
+        for k, g in (("b", blocks), ("s", strides))
+    )
+    beside = {
+        id(shard): tuple(b for bs in blocks for b in bs if b != shard),
+        id(replicas): tuple(r for rs in strides for r in rs if r != replicas),
+        id(group): peers,
+    }
+    return shard, replicas, beside
 
 
 def fsdp_terms(

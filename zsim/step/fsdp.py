@@ -186,7 +186,7 @@ class FsdpReduce(_Units):
 
     def start_backward(self, boundary: bool) -> bool:  # noqa: ARG002 (every micro-batch)
         self._waiting = {u.index: len(u.layers) for u in self.units}
-        return self.ranks > 1 or self.cfg.dp > 1
+        return self.cfg.dp > 1
 
     def pending(self) -> list[Task]:
         return list(self._issued)
@@ -255,9 +255,9 @@ def buffer_bytes(cfg: ParallelConfig, layers: Sequence[Layer]) -> float:
     prefetched; with SHARD_GRAD_OP every unit, kept from its forward), the unit's unsharded
     gradients and two fp32 reduce-scatter inputs (the one in flight and the one
     `reduce_scatter_max_input_buffers` keeps)."""
-    found = units(layers, cfg.tp)
     if cfg.dp == 1:
         return 0.0
+    found = units(layers, cfg.tp)
     n, b = cfg.shard_ranks, param_bytes(cfg)
     root, blocks = found[0], [padded(u.numel, n) for u in found[1:]]
     largest = max(blocks, default=0.0)

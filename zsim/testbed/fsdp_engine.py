@@ -44,6 +44,7 @@ class FsdpEngine:
         self.basic_optimizer = self.optimizer
         self.device = torch.device(device)
         self._accum = accum
+        self._micro_batches = 0  # since construction: engine.step steps at every accum-th
 
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.module(*inputs)
@@ -58,8 +59,8 @@ class FsdpEngine:
     def step(self) -> None:
         """At the accumulation boundary only, as DeepSpeed's engine.step is called after every
         micro-batch and steps at the boundary."""
-        self._micro = getattr(self, "_micro", 0) + 1
-        if self._micro % self._accum:
+        self._micro_batches += 1
+        if self._micro_batches % self._accum:
             return
         torch.nn.utils.clip_grad_norm_(self.module.parameters(), 1.0)
         self.optimizer.step()
