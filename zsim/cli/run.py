@@ -23,6 +23,7 @@ from zsim.workload.mechanisms import MECHANISMS, parse_mechanisms
 from zsim.workload.model import ModelKind, ModelSpec
 from zsim.workload.model_presets import PRESETS
 from zsim.workload.parallel import ParallelConfig, ZeroStage, with_stage
+from zsim.workload.sharding import node_shard_size
 
 
 def _add_model_flags(p: argparse.ArgumentParser) -> None:
@@ -253,7 +254,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     dp = args.dp or (str(world // (tp * pp)) if world % (tp * pp) == 0 else None)
     if dp is None:
         raise InputError("tp x pp", tp * pp, f"a divisor of the {world} GPUs of {topology.name}")
+    hybrid_default = args.fsdp_sharding == "hybrid" and args.fsdp_shard_size is None
+    if hybrid_default:
+        args.fsdp_shard_size = str(node_shard_size(topology.gpus_per_node, tp, int(dp)))
     cfg, notes = _parallel_from(args, model, dp=dp)
+    if hybrid_default:
+        notes.append(f"--shard-size {cfg.fsdp_shard_size}: a node's data-parallel ranks")
     without = parse_mechanisms(args.without, "without")
     if without:
         cfg = replace(cfg, without=without)

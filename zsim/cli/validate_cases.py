@@ -10,7 +10,7 @@ from typing import Any
 from zsim.errors import InputError, positive_int, require
 from zsim.inputs.scenario import check_layout
 from zsim.workload.parallel import DpEngine, ParallelConfig, Precision, ZeroStage
-from zsim.workload.sharding import FsdpSharding
+from zsim.workload.sharding import FsdpSharding, node_shard_size
 
 DEFAULT_WARMUP = {"cpu": "20", "cuda": "5"}
 
@@ -103,7 +103,7 @@ def precision_of(text: str | None, device: str) -> Precision:
 
 def fsdp_cases(args: argparse.Namespace, base: Any) -> list[Any]:
     """With --engine fsdp: the stage-3 case once per --sharding strategy, as PyTorch FSDP2
-    trains it."""
+    trains it; hybrid shards within a node unless --shard-size says otherwise."""
     items = [s.strip() for s in (args.sharding or "full").split(",") if s.strip()]
     allowed = ", ".join(str(s) for s in FsdpSharding)
     require(
@@ -112,7 +112,8 @@ def fsdp_cases(args: argparse.Namespace, base: Any) -> list[Any]:
         args.sharding,
         f"comma-separated strategies from {allowed}",
     )
-    size = whole("shard_size", args.shard_size) if args.shard_size else 0
+    per_node = node_shard_size(base.ranks_per_node, 1, base.parallel.dp)
+    size = whole("shard_size", args.shard_size) if args.shard_size else per_node
     out = []
     for sharding in dict.fromkeys(items):
         hybrid = sharding == FsdpSharding.HYBRID

@@ -34,6 +34,8 @@ class Prediction:
     band_samples: int  # profiles simulated for the band (0: none, low = high = step time)
     phases: dict[str, float] = field(default_factory=dict)  # rank 0's (`phase_split`)
     model_error: float = 0.0  # the band's model part, relative (`band.model_error`)
+    # bytes a step puts on the links between nodes and their switch, both directions
+    nic_bytes: float | None = None
 
 
 class PredictionUnavailable(Exception):
@@ -91,7 +93,14 @@ def predict(case: Case, profile_path: Path | None, band_samples: int = 20) -> Pr
     low, high = widened(min(low, step), max(high, step), error)
     cut = simulated_pipeline_phases if case.parallel.pp > 1 else simulated_phases
     phases = cut(report.engine.all_spans(), 0, step)
-    return Prediction(step, low, high, report.memory, len(samples), phases, error)
+    nic = node_link_bytes(report.link_traffic_bytes, topology) if case.nodes > 1 else None
+    return Prediction(step, low, high, report.memory, len(samples), phases, error, nic)
+
+
+def node_link_bytes(link_bytes: dict[str, float], topology: Any) -> float:
+    """Bytes on the links of the nodes' NICs (the class the fabric names), over both
+    directions: what the nodes' interfaces count as received plus sent."""
+    return float(link_bytes.get(str(topology.fabric.nic_class), 0.0))
 
 
 # ---- rows -----------------------------------------------------------------------------------
@@ -116,6 +125,14 @@ class Compared:
         if m is None or p is None:
             return None
         return error_pct(p.step_time_s, m)
+
+    @property
+    def nic_error_pct(self) -> float | None:
+        """The simulated bytes on the nodes' links against what their interfaces counted."""
+        got, p = self.measurement.nic_bytes_per_step, self.prediction
+        if got is None or p is None or p.nic_bytes is None:
+            return None
+        return error_pct(p.nic_bytes, got)
 
     def measured_memory(self) -> dict[str, int | None]:
         m = self.measurement

@@ -63,6 +63,9 @@ def row(c: Compared, context: dict[str, Any]) -> dict[str, Any]:
     for phase in PHASE_COLUMNS:
         out[f"measured_phase_{phase}_s"] = (m.phases or {}).get(phase)
         out[f"predicted_phase_{phase}_s"] = p.phases.get(phase) if p else None
+    out["measured_nic_bytes_per_step"] = m.nic_bytes_per_step
+    out["predicted_nic_bytes_per_step"] = p.nic_bytes if p else None
+    out["nic_error_pct"] = c.nic_error_pct
     out["measured_other_bytes"] = (m.held_bytes or {}).get("other")
     out["measured_peak_rss_bytes"] = m.peak_rss_bytes
     out["measured_max_memory_allocated_bytes"] = m.max_memory_allocated_bytes
@@ -108,6 +111,7 @@ def write_results(
         "mape_pct": mape(rows),
         "cases": {r.case.name: str(r.measurement.status) for r in rows},
         "step_error_pct": {r.case.name: r.step_error_pct for r in rows},
+        "nic_bytes_error_pct": {r.case.name: r.nic_error_pct for r in rows},
         "emulation": link.as_dict() if link is not None else None,
         "context": context,
     }

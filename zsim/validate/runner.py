@@ -101,6 +101,8 @@ class Measurement:
     wall_s: float = 0.0
     raw: dict[str, Any] | None = None
     phases: dict[str, float] | None = None  # rank 0's phases (`phase_split.measured_phases`)
+    # bytes per timed step every node's interface received and sent, summed (emulated nodes)
+    nic_bytes_per_step: float | None = None
 
 
 def unsupported_layout(model: ModelSpec, cfg: ParallelConfig) -> str:
@@ -262,7 +264,12 @@ def collect(case: Case, run_dir: Path, status: Status, detail: str, wall_s: floa
         wall_s=wall_s,
         raw=raw,
         phases=measured_phases(raw.get("phases_per_rank", [])) or None,
+        nic_bytes_per_step=_nic_total(raw.get("nic_bytes_per_step")),
     )
+
+
+def _nic_total(counted: dict[str, float] | None) -> float | None:
+    return None if counted is None else float(counted["rx"] + counted["tx"])
 
 
 def _max_or_none(values: Sequence[int | None]) -> int | None:
@@ -379,4 +386,10 @@ def combine_launches(runs: Sequence[Measurement]) -> Measurement:
         + " ms",
         wall_s=sum(r.wall_s for r in runs),
         phases=median_over_launches([r.phases for r in runs if r.phases]) or None,
+        nic_bytes_per_step=_median_or_none([r.nic_bytes_per_step for r in runs]),
     )
+
+
+def _median_or_none(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return float(statistics.median(present)) if present else None

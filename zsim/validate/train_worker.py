@@ -24,6 +24,7 @@ import statistics
 import sys
 import time
 import traceback
+from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ import torch
 from deepspeed import comm as dist
 from deepspeed.comm import comm as ds_comm
 
+from zsim.testbed import nic
 from zsim.validate.held import CATEGORIES, SavedTensors, engine_inventory
 from zsim.validate.layouts import Trainer
 from zsim.validate.phases import PhaseClock, median_phases
@@ -143,8 +145,12 @@ def train(case: dict[str, Any]) -> dict[str, Any]:
         one_step(trainer, probe, clock, saved)
 
     times = []
-    for _ in range(case["warmup"] + case["steps"]):
+    counter = _node_counter()
+    before = None
+    for i in range(case["warmup"] + case["steps"]):
         dist.barrier()
+        if i == case["warmup"]:
+            before = counter()
         clock.start_step()
         start = time.perf_counter()
         step()
@@ -152,6 +158,9 @@ def train(case: dict[str, Any]) -> dict[str, Any]:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
         clock.end_step()
+    dist.barrier()  # every node's last bytes of the timed steps have arrived
+    after = counter()
+    nic_bytes = None if before is None or after is None else after - before
 
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -170,7 +179,17 @@ def train(case: dict[str, Any]) -> dict[str, Any]:
             torch.cuda.max_memory_allocated() if device == "cuda" else None
         ),
         "engine": _engine_kind(engine, dtype),
+        "nic_bytes": None if nic_bytes is None else asdict(nic_bytes),
     }
+
+
+def _node_counter() -> Any:
+    """Reads this node's interface between nodes (an emulated node's veth), on the node's
+    first rank only; a reader of nothing elsewhere (on loopback every rank is one node)."""
+    interface = os.environ.get("GLOO_SOCKET_IFNAME", "lo")
+    if interface == "lo" or os.environ.get("LOCAL_RANK", "0") != "0":
+        return lambda: None
+    return lambda: nic.read(interface)
 
 
 def _engine_kind(engine: Any, dtype: torch.dtype) -> dict[str, Any]:
@@ -202,9 +221,19 @@ def aggregate(case: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[str, An
         "max_memory_allocated_bytes": [r["max_memory_allocated_bytes"] for r in ranks],
         "engine": ranks[0]["engine"],
         "phases_per_rank": [median_phases(r.get("phases", [])) for r in ranks],
+        "nic_bytes_per_step": _nic_per_step(ranks, case["steps"]),
         "versions": {"torch": torch.__version__, "deepspeed": deepspeed.__version__},
         "threads": torch.get_num_threads(),
     }
+
+
+def _nic_per_step(ranks: list[dict[str, Any]], steps: int) -> dict[str, float] | None:
+    """Bytes every node's interface received and sent per timed step, summed over the nodes
+    (None on one node)."""
+    counted = [r["nic_bytes"] for r in ranks if r.get("nic_bytes") is not None]
+    if not counted:
+        return None
+    return {k: sum(c[k] for c in counted) / steps for k in ("rx", "tx")} | {"nodes": len(counted)}
 
 
 def main(argv: list[str]) -> int:

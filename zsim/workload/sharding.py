@@ -51,6 +51,13 @@ def shard_ranks(cfg: _Layout) -> int:
     return cfg.fsdp_shard_size if hybrid else cfg.dp
 
 
+def node_shard_size(gpus_per_node: int, tp: int, dp: int) -> int:
+    """HYBRID_SHARD's shard group when none is given: the data-parallel ranks of one node, as
+    torch's FSDP shards within a node and replicates across nodes when given no process group
+    (`_init_intra_and_inter_node_groups`), and as FSDP2's users build their 2D mesh."""
+    return max(1, min(dp, gpus_per_node // tp))
+
+
 def check_fsdp(cfg: _Layout) -> None:
     """What zsim's FSDP covers (`dp_engine: fsdp`): ZeRO-3's partition of all three model
     states, on its own engine (no DeepSpeed knobs), without pipeline parallelism or CPU
