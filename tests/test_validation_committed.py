@@ -29,3 +29,15 @@ def test_the_loop_mape_stays_within_its_limit(committed):
               for c in committed]  # fmt: skip
     mape = sum(abs(e[-1]) for e in errors) / len(errors)
     assert mape <= MAPE_LIMIT_PCT, errors
+
+
+def test_the_simulated_bytes_between_nodes_are_what_the_nodes_counted(committed):
+    """Every committed emulated run whose nodes' interfaces were counted (headers and
+    acknowledgements included): the simulated bytes on the node links within 2 %."""
+    counted = [c for c in committed if c.measured_nic_bytes is not None]
+    assert len(counted) >= 3
+    for c in counted:
+        assert c.prediction.nic_bytes == pytest.approx(c.measured_nic_bytes, rel=0.02), (
+            c.profile.stem,
+            c.case.name,
+        )

@@ -59,7 +59,26 @@ def table(folder: Path) -> list[str]:
         )
     mape = summary.get("mape_pct")
     lines += ["", f"MAPE: {'n/a' if mape is None else f'{mape:.1f}%'}", ""]
-    return lines + phase_table(rows)
+    return lines + phase_table(rows) + traffic_table(rows)
+
+
+def traffic_table(rows: list[dict[str, str]]) -> list[str]:
+    """Bytes per step on the links between nodes: what every node's interface counted (sent +
+    received, headers and acknowledgements included) against the simulated bytes on the
+    nodes' links; nothing where nothing was counted (one node, runs from before the count)."""
+    counted = [r for r in rows if r.get("measured_nic_bytes_per_step")]
+    if not counted:
+        return []
+    lines = [
+        "Bytes between nodes per step (every node's veth, sent + received, MB):",
+        "",
+        "| case | counted MB | simulated MB | error |",
+        "|---|---|---|---|",
+    ]
+    for r in counted:
+        got, want = (float(r[f"{k}_nic_bytes_per_step"]) / 1e6 for k in ("measured", "predicted"))
+        lines.append(f"| {r['case']} | {got:.1f} | {want:.1f} | {_pct(r['nic_error_pct'])} |")
+    return [*lines, ""]
 
 
 PHASES = ("forward", "backward", "step")

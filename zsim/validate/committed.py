@@ -10,12 +10,14 @@ import csv
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from zsim.inputs.scenario import parse_model
 from zsim.validate.compare import Prediction, compare, error_pct, predict
 from zsim.validate.results import write_results
 from zsim.validate.runner import Case, Measurement, Status, collect, combine_launches
-from zsim.workload.parallel import ParallelConfig, Precision, ZeroStage
+from zsim.workload.parallel import DpEngine, ParallelConfig, Precision, ZeroStage
+from zsim.workload.sharding import FsdpSharding
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,7 @@ class Committed:
     measured_s: float
     prediction: Prediction
     profile: Path
+    measured_nic_bytes: float | None = None  # per step, every node's interface, rx + tx
 
     @property
     def error_pct(self) -> float:
@@ -40,7 +43,9 @@ class Committed:
 
 def case_of(row: dict[str, str]) -> Case:
     """The case a row of predicted_vs_measured.csv describes (dp = the ranks over tp x pp;
-    rows written before the tp and pp columns are pure data parallelism)."""
+    rows written before the tp and pp columns are pure data parallelism, rows written before
+    the dp_engine column are DeepSpeed's unless `zsim validate --engine fsdp` named them
+    fsdp-<sharding>)."""
     tp, pp = int(row.get("tp") or 1), int(row.get("pp") or 1)
     parallel = ParallelConfig(
         dp=int(row["world"]) // (tp * pp),
@@ -50,6 +55,7 @@ def case_of(row: dict[str, str]) -> Case:
         micro_batch=int(row["micro_batch"]),
         grad_accum=int(row["grad_accum"]),
         precision=Precision(row["precision"]),
+        **_fsdp_fields(row, int(row["ranks_per_node"])),
     )
     return Case(
         name=row["case"],
@@ -62,6 +68,16 @@ def case_of(row: dict[str, str]) -> Case:
     )
 
 
+def _fsdp_fields(row: dict[str, str], ranks_per_node: int) -> dict[str, Any]:
+    engine = row.get("dp_engine") or ("fsdp" if row["case"].startswith("fsdp-") else "")
+    if engine != "fsdp":
+        return {}
+    sharding = FsdpSharding(row.get("fsdp_sharding") or row["case"].removeprefix("fsdp-"))
+    hybrid = sharding is FsdpSharding.HYBRID
+    size = int(row.get("fsdp_shard_size") or 0) or (ranks_per_node if hybrid else 0)
+    return {"dp_engine": DpEngine.FSDP, "fsdp_sharding": sharding, "fsdp_shard_size": size}
+
+
 def repredicted(folder: Path, root: Path, band_samples: int = 0) -> list[Committed]:
     """Every measured case of one `zsim validate` output folder, predicted again; profile
     paths in the rows are relative to `root` (the repository)."""
@@ -72,7 +88,13 @@ def repredicted(folder: Path, root: Path, band_samples: int = 0) -> list[Committ
                 continue
             profile = root / row["profile"]
             prediction = predict(case_of(row), profile, band_samples)
-            out.append(Committed(case_of(row), float(row["measured_step_s"]), prediction, profile))
+            nic = (
+                float(row["measured_nic_bytes_per_step"] or "nan")
+                if row.get("measured_nic_bytes_per_step")
+                else None
+            )
+            measured = float(row["measured_step_s"])
+            out.append(Committed(case_of(row), measured, prediction, profile, nic))
     return out
 
 

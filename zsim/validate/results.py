@@ -17,6 +17,7 @@ from zsim.testbed.emulate import LinkEmulation
 from zsim.validate import plots
 from zsim.validate.compare import MEMORY_CATEGORIES, Compared, error_pct, mape
 from zsim.validate.runner import Status
+from zsim.workload.parallel import DpEngine
 
 PHASE_COLUMNS = (*PHASES, *(f"{p}_comm" for p in PHASES))
 
@@ -39,6 +40,9 @@ def row(c: Compared, context: dict[str, Any]) -> dict[str, Any]:
         "precision": str(case.parallel.precision),
         "micro_batch": case.parallel.micro_batch,
         "grad_accum": case.parallel.grad_accum,
+        "dp_engine": str(case.parallel.dp_engine),
+        "fsdp_sharding": str(case.parallel.fsdp_sharding) if _fsdp(c) else "",
+        "fsdp_shard_size": case.parallel.fsdp_shard_size if _fsdp(c) else "",
         "status": str(m.status),
         "detail": m.detail,
         "measured_step_s": m.step_time_s,
@@ -71,6 +75,10 @@ def row(c: Compared, context: dict[str, Any]) -> dict[str, Any]:
     out["measured_max_memory_allocated_bytes"] = m.max_memory_allocated_bytes
     out["wall_s"] = round(m.wall_s, 1)
     return out | context
+
+
+def _fsdp(c: Compared) -> bool:
+    return c.case.parallel.dp_engine is DpEngine.FSDP
 
 
 def to_csv(rows: Sequence[dict[str, Any]]) -> str:
