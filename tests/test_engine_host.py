@@ -36,6 +36,29 @@ def rows_with(call, per_tensor, stage=3):
     return rows
 
 
+def test_time_inside_collectives_is_not_taken_for_host_time():
+    """Rows of the time outside collectives ("<phase>_host") are read against the simulated
+    time outside collectives: tiny steps whose collectives took 5 ms more than simulated
+    (small messages over a shaped link, say) in whole-phase rows, plus the injected host
+    time, give the injected host time alone."""
+    bare = replace(PROFILE, engine_host_s={})
+    topo = presets.topology(TOPOLOGY)
+    rows = []
+    for layers in (8, 16):
+        report = simulate(tiny_model(layers), tiny_case(3, topo.world_size), topo, bare)
+        phases = simulated_phases(report.engine.all_spans(), 0, report.step_time_s)
+        for p in HOST:
+            host = HOST[p] + PER_TENSOR[p] * layers
+            whole = phases[p] + host + 0.005
+            outside = phases[p] - phases[f"{p}_comm"] + host
+            for op, t in ((f"z3.{p}", whole), (f"z3.{p}_host", outside)):
+                rows.append(Measurement(Kind.ENGINE_HOST, op, "fp32", (t,) * 5, params=layers))
+    found = engine_host_s(PROFILE, rows, TOPOLOGY)
+    expected = {f"z3.{p}": s for p, s in HOST.items()}
+    expected |= {f"z3.{p}_per_tensor": s for p, s in PER_TENSOR.items()}
+    assert found == pytest.approx(expected, abs=1e-9)
+
+
 def off(cfg):
     return replace(cfg, without=frozenset({Mechanism.ENGINE_HOST}))
 

@@ -42,6 +42,7 @@ ENGINE_CALLS = tuple(
 """The keys of a profile's `engine_host_s`: seconds per call and per parameter tensor."""
 WIDTH = 64  # kernels of microseconds: the step is mostly the engine's own time
 MICRO_BATCH = 4
+HOST_SUFFIX = "_host"  # a phase's time outside collectives ("z3.forward_host")
 
 
 def tiny_model(layers: int) -> ModelSpec:
@@ -78,22 +79,30 @@ def engine_host_s(
 ) -> dict[str, float]:
     """{"z<stage>.<phase>": host seconds per call, "..._per_tensor": per parameter tensor}
     from the ENGINE_HOST rows (ops "z<stage>.<phase>" or "pipe<stage>.<phase>", `params` =
-    layers; a pipeline's rank holds its stage's share)."""
+    layers; a pipeline's rank holds its stage's share). Where a call has "<phase>_host" rows
+    (its time outside collectives), those are read against the simulated time outside
+    collectives, so that what the collective model misses on the tiny messages is not
+    taken for host time; else the whole phase against the whole simulated phase."""
     from zsim.inputs import presets
 
     measured = [r for r in rows if r.kind is Kind.ENGINE_HOST]
     if not measured:
         return {}
+    host_calls = {r.op.split(".")[0] for r in measured if r.op.endswith(HOST_SUFFIX)}
+    chosen = [
+        r for r in measured if r.op.endswith(HOST_SUFFIX) == (r.op.split(".")[0] in host_calls)
+    ]
     topo = presets.topology(topology)
     bare = replace(profile, engine_host_s={})
     extra: dict[str, list[tuple[int, float]]] = {}
-    for call, layers in sorted({(r.op.split(".")[0], r.params) for r in measured}):
+    for call, layers in sorted({(r.op.split(".")[0], r.params) for r in chosen}):
         simulated = _simulated(call, layers, bare, topo)
-        for r in measured:
+        for r in chosen:
             if r.op.startswith(f"{call}.") and r.params == layers:
                 beyond = r.median_s - simulated[r.op.split(".")[1]]
                 held = layers // topo.world_size if call.startswith("pipe") else layers
-                extra.setdefault(r.op, []).append((held, beyond))  # rank 0's tensors
+                key = r.op.removesuffix(HOST_SUFFIX)
+                extra.setdefault(key, []).append((held, beyond))  # rank 0's tensors
     out = {}
     for call, points in extra.items():
         (l0, t0), (l1, t1) = min(points), max(points)
@@ -118,7 +127,9 @@ def _simulated(call: str, layers: int, bare: DeviceProfile, topo: Topology) -> d
     report = simulate(tiny_model(layers), case, topo, bare)
     spans = report.engine.all_spans()
     if not pipe:
-        return simulated_phases(spans, 0, report.step_time_s)
+        phases = simulated_phases(spans, 0, report.step_time_s)
+        outside = {f"{p}{HOST_SUFFIX}": phases[p] - phases[f"{p}_comm"] for p in PHASES}
+        return phases | outside
     phases = simulated_pipeline_phases(spans, 0, report.step_time_s)
     m = case.grad_accum
     sends = sum(s.end_s - s.start_s for s in spans if s.rank == 0 and s.name.startswith("send."))

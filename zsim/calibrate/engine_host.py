@@ -15,7 +15,7 @@ models are not used.
 
 from __future__ import annotations
 
-import time
+import sys
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
@@ -24,9 +24,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from zsim.calibrate.engine_fit import LAYERS, MICRO_BATCH, tiny_case, tiny_model
+from zsim.calibrate.engine_fit import HOST_SUFFIX, LAYERS, MICRO_BATCH, tiny_case, tiny_model
 from zsim.calibrate.measurement import Kind, Measurement
 from zsim.step.phases import PHASES
+from zsim.testbed.phase_clock import PhaseClock
 from zsim.workload.ds_config import to_training_ds_config
 
 WARMUP_STEPS = 5
@@ -47,12 +48,14 @@ def engine_host(dtype: str) -> list[Measurement]:
 
 def host_rows(dtype: str, engines: Mapping[str, Callable[[nn.Module], Any]]) -> list[Measurement]:
     """For each call ("z<stage>", "fsdp-<sharding>") and layer count, the tiny model's steps
-    on the engine its builder makes, one row per phase (ops "<call>.<phase>"); rank 0's."""
+    on the engine its builder makes, two rows per phase (rank 0's): "<call>.<phase>", the
+    phase's wall time, and "<call>.<phase>_host", the same less the time the rank's thread
+    spent inside collectives (what `engine_fit` reads)."""
     rows = []
     for call, build in engines.items():
         for layers in LAYERS:
             times = _steps(build, layers)
-            for phase in PHASES:
+            for phase in (*PHASES, *(f"{p}{HOST_SUFFIX}" for p in PHASES)):
                 samples = max_over_ranks([t[phase] for t in times])
                 op = f"{call}.{phase}"
                 rows.append(Measurement(Kind.ENGINE_HOST, op, dtype, tuple(samples), params=layers))
@@ -75,22 +78,43 @@ def _steps(build: Callable[[nn.Module], Any], layers: int) -> list[dict[str, flo
     torch.manual_seed(0)
     engine = build(torchmodels.build(spec))
     x, y = torchmodels.batch(spec, MICRO_BATCH, dtype=torch.float32, device=engine.device)
-    out = []
-    for i in range(WARMUP_STEPS + STEPS):
-        dist.barrier()
-        t0 = time.perf_counter()
-        loss = engine(x, y)
-        t1 = time.perf_counter()
-        engine.backward(loss)
-        t2 = time.perf_counter()
-        engine.step()
-        t3 = time.perf_counter()
-        if i >= WARMUP_STEPS:
-            out.append({"forward": t1 - t0, "backward": t2 - t1, "step": t3 - t2})
+    clock = _collective_clock()
+    try:
+        for _ in range(WARMUP_STEPS + STEPS):
+            dist.barrier()
+            clock.start_step()
+            with clock.phase("forward"):
+                loss = engine(x, y)
+            with clock.phase("backward"):
+                engine.backward(loss)
+            with clock.phase("step"):
+                engine.step()
+            clock.end_step()
+    finally:
+        clock.restore()
     destroy = getattr(engine, "destroy", None)  # DeepSpeed's; FSDP has nothing to tear down
     if destroy is not None:
         destroy()
-    return out
+    return [_with_host(step) for step in clock.steps[WARMUP_STEPS:]]
+
+
+def _collective_clock() -> PhaseClock:
+    """A clock on torch.distributed's collectives and, when DeepSpeed's engine made one, on
+    deepspeed.comm's backend (its shared-memory all-reduce bypasses torch)."""
+    clock = PhaseClock()
+    clock.instrument(torch.distributed)
+    ds_comm = sys.modules.get("deepspeed.comm.comm")
+    backend = getattr(ds_comm, "cdb", None)
+    if backend is not None:
+        clock.instrument(backend)
+    return clock
+
+
+def _with_host(step: dict[str, Any]) -> dict[str, float]:
+    """A step's phases, and each less the collectives its thread was inside."""
+    comm = step["comm_s"]
+    inside = {p: sum(v for k, v in comm.items() if k.startswith(f"{p}.")) for p in PHASES}
+    return {p: step[p] for p in PHASES} | {f"{p}{HOST_SUFFIX}": step[p] - inside[p] for p in PHASES}
 
 
 def max_over_ranks(samples: list[float]) -> list[float]:

@@ -236,6 +236,14 @@ def _device(args: argparse.Namespace, topology: Topology) -> DeviceProfile:
     return presets.gpu(name)
 
 
+def _default_shard_size(args: argparse.Namespace, per_node: int, tp: int, dp: int) -> str:
+    """--sharding hybrid without --shard-size: a node's data-parallel ranks; the note."""
+    if args.fsdp_sharding != "hybrid" or args.fsdp_shard_size is not None:
+        return ""
+    args.fsdp_shard_size = str(node_shard_size(per_node, tp, dp))
+    return f"--shard-size {args.fsdp_shard_size}: a node's data-parallel ranks"
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     require(
         args.params is None,
@@ -254,12 +262,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     dp = args.dp or (str(world // (tp * pp)) if world % (tp * pp) == 0 else None)
     if dp is None:
         raise InputError("tp x pp", tp * pp, f"a divisor of the {world} GPUs of {topology.name}")
-    hybrid_default = args.fsdp_sharding == "hybrid" and args.fsdp_shard_size is None
-    if hybrid_default:
-        args.fsdp_shard_size = str(node_shard_size(topology.gpus_per_node, tp, int(dp)))
+    shard_note = _default_shard_size(args, topology.gpus_per_node, tp, int(dp))
     cfg, notes = _parallel_from(args, model, dp=dp)
-    if hybrid_default:
-        notes.append(f"--shard-size {cfg.fsdp_shard_size}: a node's data-parallel ranks")
+    notes += [shard_note] if shard_note else []
     without = parse_mechanisms(args.without, "without")
     if without:
         cfg = replace(cfg, without=without)

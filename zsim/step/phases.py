@@ -1,10 +1,10 @@
 """A simulated step cut where DeepSpeed's calls cut a real one: `engine(x)` (forward),
 `engine.backward` (backward and every gradient reduction), `engine.step` (the norm, the
 optimizer, ZeRO-1/2's parameter all-gather). The cuts fall at the first backward kernel and at
-the optimizer's first task; "comm" is the time in collectives' spans within each phase (on a
-CPU rank every collective blocks the thread that calls it). Read by the validation's phase
-table (`zsim.validate.phase_split`) and by calibration's engine host time
-(`zsim.calibrate.engine_fit`)."""
+the optimizer's first task; "comm" is the time within each phase covered by collectives' spans
+(on a CPU rank every collective blocks the thread that calls it, or its wait does). Read by
+the validation's phase table (`zsim.validate.phase_split`) and by calibration's engine host
+time (`zsim.calibrate.engine_fit`)."""
 
 from __future__ import annotations
 
@@ -30,12 +30,23 @@ def simulated_phases(spans: Iterable[Span], rank: int, end_s: float) -> dict[str
         if phase is not None and phase != cuts[-1][0]:
             cuts.append((phase, span.start_s))
     out = dict.fromkeys((*PHASES, *(f"{p}_comm" for p in PHASES)), 0.0)
+    transfers = [(s.start_s, s.end_s) for s in mine if _is_transfer(s)]
     for (phase, lo), (_, hi) in zip(cuts, [*cuts[1:], ("", end_s)], strict=True):
         out[phase] += hi - lo
-        out[f"{phase}_comm"] += sum(
-            max(0.0, min(s.end_s, hi) - max(s.start_s, lo)) for s in mine if _is_transfer(s)
-        )
+        out[f"{phase}_comm"] += covered(transfers, lo, hi)
     return out
+
+
+def covered(intervals: Iterable[tuple[float, float]], lo: float, hi: float) -> float:
+    """Seconds of [lo, hi) inside at least one interval: a thread blocked in two collectives
+    at once (a gather prefetched beside a reduction) is blocked once, as a wall clock sees it."""
+    clipped = sorted((max(a, lo), min(b, hi)) for a, b in intervals if b > lo and a < hi)
+    total, reach = 0.0, lo
+    for a, b in clipped:
+        if b > reach:
+            total += b - max(a, reach)
+            reach = b
+    return total
 
 
 def _phase_of(span: Span) -> str | None:

@@ -8,7 +8,7 @@ gathers), `engine.backward` (backward, and every gradient reduction: stage 0's a
 `allreduce_gradients`, ZeRO-1/2's buckets and the epilogue that waits for them, stage 3's
 reduce-scatters), `engine.step` (the norm, the optimizer, ZeRO-1/2's parameter all-gather).
 "comm" is the time the rank's thread spent inside `deepspeed.comm`'s calls
-(`zsim.validate.phases`): waiting for a slower peer included.
+(`zsim.testbed.phase_clock`): waiting for a slower peer included.
 """
 
 from __future__ import annotations

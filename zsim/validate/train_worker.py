@@ -35,9 +35,9 @@ from deepspeed import comm as dist
 from deepspeed.comm import comm as ds_comm
 
 from zsim.testbed import nic
+from zsim.testbed.phase_clock import PhaseClock, median_phases
 from zsim.validate.held import CATEGORIES, SavedTensors, engine_inventory
 from zsim.validate.layouts import Trainer
-from zsim.validate.phases import PhaseClock, median_phases
 from zsim.workload.model import ModelKind, ModelSpec
 
 

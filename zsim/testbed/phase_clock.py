@@ -1,5 +1,6 @@
-"""The phases of a real DeepSpeed step, timed inside the validation worker (diagnosis only:
-nothing recorded here reaches a profile or a default).
+"""The phases of a real training step, timed on the rank's own thread: by the validation
+worker (diagnosis only: nothing it records reaches a profile or a default) and by
+calibration's tiny engine steps (`calibrate.engine_host`: the host's time outside collectives).
 
 Per step and rank: wall time of the forward (`engine(x)`), the backward (`engine.backward`,
 with its hooks: ZeRO's reductions, stage 3's gathers and releases) and the step
@@ -66,13 +67,21 @@ class PhaseClock:
         self._current: dict[str, Any] | None = None
         self._depth = 0  # a backend method that calls another is counted once
         self._phase = "other"
+        self._wrapped: list[tuple[Any, str, Any]] = []
 
     def instrument(self, backend: Any) -> None:
         """Wrap `backend`'s collective methods (deepspeed.comm's `cdb`) on the instance."""
         for op in TIMED_OPS:
             method = getattr(backend, op, None)
             if callable(method):
+                self._wrapped.append((backend, op, method))
                 setattr(backend, op, self._timed(op, method))
+
+    def restore(self) -> None:
+        """Put back every method `instrument` wrapped, in reverse order."""
+        while self._wrapped:
+            backend, op, method = self._wrapped.pop()
+            setattr(backend, op, method)
 
     def instrument_pipeline(self, engine: Any) -> None:
         """Run each of a PipelineEngine's phase instructions inside its phase (the instance's
