@@ -105,7 +105,8 @@ def _add_megatron_flags(g: Any) -> None:
         "--shard-size",
         dest="fsdp_shard_size",
         metavar="N",
-        help="with --sharding hybrid: the ranks of one shard group (e.g. a node's GPUs)",
+        help="with --sharding hybrid: the ranks of one shard group (default: a node's "
+        "data-parallel ranks, as torch's HYBRID_SHARD)",
     )
     g.add_argument(
         "--tp-comm-overlap",

@@ -115,7 +115,9 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
         "--sharding", metavar="S", help="with --engine fsdp: full,grad-op,hybrid (default full)"
     )
     p.add_argument(
-        "--shard-size", metavar="N", help="with --sharding hybrid: ranks per shard group"
+        "--shard-size",
+        metavar="N",
+        help="with --sharding hybrid: ranks per shard group (default: a node's ranks)",
     )
     p.add_argument("--out", type=Path, default=Path("validation"), help="output folder")
     p.add_argument("--no-progress", action="store_true", help="no live status line")
