@@ -157,3 +157,45 @@ def test_a_pipelines_host_time_is_read_off_rank_0s_instructions():
     expected = {f"pipe1.{p}": s for p, s in call.items()}
     expected |= {f"pipe1.{p}_per_tensor": per_tensor for p in call}
     assert found == pytest.approx(expected, abs=1e-9)
+
+
+def test_fsdps_cost_per_unit_and_per_tensor_come_apart_with_a_biased_tiny_model():
+    """FSDP2's hooks run once per unit, its copies and DTensor work once per tensor: tiny
+    steps of 8 and 16 one-tensor units and of 8 two-tensor units (weights and biases), built
+    with known costs, give back the three."""
+    from zsim.calibrate.engine_fit import BIASED, HOST_SUFFIX, tiny_fsdp_case
+
+    bare = replace(PROFILE, engine_host_s={})
+    topo = presets.topology(TOPOLOGY)
+    call_s, unit_s, tensor_s = 0.002, 0.0012, 0.0003
+    rows = []
+    for layers, bias in ((8, False), (16, False), (8, True)):
+        case = tiny_fsdp_case("full", topo.world_size)
+        report = simulate(tiny_model(layers, bias), case, topo, bare)
+        phases = simulated_phases(report.engine.all_spans(), 0, report.step_time_s)
+        tensors = 2 * layers if bias else layers
+        t = phases["forward"] - phases["forward_comm"] + call_s + unit_s * layers
+        t += tensor_s * tensors
+        op = f"fsdp-full{BIASED if bias else ''}.forward{HOST_SUFFIX}"
+        rows.append(Measurement(Kind.ENGINE_HOST, op, "fp32", (t,) * 5, params=layers))
+    found = engine_host_s(PROFILE, rows, TOPOLOGY)
+    expected = {"fsdp-full.forward": call_s, "fsdp-full.forward_per_unit": unit_s,
+                "fsdp-full.forward_per_tensor": tensor_s}  # fmt: skip
+    assert found == pytest.approx(expected, abs=1e-9)
+
+
+def test_an_fsdp_step_pays_per_unit_and_per_tensor():
+    """The toy MLP under FSDP: 8 units (its Linear layers) of 2 tensors each; 2 micro-batches
+    each call engine(x) once."""
+    from zsim.workload.parallel import DpEngine
+
+    costs = {"fsdp-full.forward": 0.001, "fsdp-full.forward_per_unit": 0.002,
+             "fsdp-full.forward_per_tensor": 0.0005}  # fmt: skip
+    host = replace(PROFILE, engine_host_s=costs)
+    cfg = ParallelConfig(dp=2, zero_stage=ZeroStage.PARAMETERS, micro_batch=4, grad_accum=2,
+                         precision=Precision.FP32, dp_engine=DpEngine.FSDP)  # fmt: skip
+    topo = presets.topology(TOPOLOGY)
+    model = preset("toy-mlp")
+    with_host = simulate(model, cfg, topo, host).step_time_s
+    without = simulate(model, off(cfg), topo, host).step_time_s
+    assert with_host - without == pytest.approx(2 * (0.001 + 8 * 0.002 + 16 * 0.0005), rel=1e-6)

@@ -37,17 +37,20 @@ ENGINE_CALLS = tuple(
     f"{call}.{phase}{unit}"
     for call in CALLS
     for phase in (PIPE_PHASES if call.startswith("pipe") else PHASES)
-    for unit in ("", "_per_tensor")
+    for unit in ("", "_per_tensor", *(("_per_unit",) if call.startswith("fsdp-") else ()))
 )
-"""The keys of a profile's `engine_host_s`: seconds per call and per parameter tensor."""
+"""The keys of a profile's `engine_host_s`: seconds per call, per parameter tensor and (FSDP)
+per unit."""
+BIASED = "+bias"  # a call's tiny model with biases: two tensors per layer ("fsdp-full+bias")
 WIDTH = 64  # kernels of microseconds: the step is mostly the engine's own time
 MICRO_BATCH = 4
 HOST_SUFFIX = "_host"  # a phase's time outside collectives ("z3.forward_host")
 
 
-def tiny_model(layers: int) -> ModelSpec:
-    """The model the microbenchmark trains: `layers` x Linear(WIDTH, WIDTH), no bias."""
-    return replace(with_overrides(preset("toy-mlp"), layers=layers, hidden=WIDTH), bias=False)
+def tiny_model(layers: int, bias: bool = False) -> ModelSpec:
+    """The model the microbenchmark trains: `layers` x Linear(WIDTH, WIDTH), no bias (with
+    `bias`, two tensors a layer: FSDP's cost per unit and per tensor apart)."""
+    return replace(with_overrides(preset("toy-mlp"), layers=layers, hidden=WIDTH), bias=bias)
 
 
 def tiny_case(stage: int, world: int) -> ParallelConfig:
@@ -94,21 +97,33 @@ def engine_host_s(
     ]
     topo = presets.topology(topology)
     bare = replace(profile, engine_host_s={})
-    extra: dict[str, list[tuple[int, float]]] = {}
+    extra: dict[str, list[tuple[int, int, float]]] = {}
     for call, layers in sorted({(r.op.split(".")[0], r.params) for r in chosen}):
         simulated = _simulated(call, layers, bare, topo)
         for r in chosen:
             if r.op.startswith(f"{call}.") and r.params == layers:
                 beyond = r.median_s - simulated[r.op.split(".")[1]]
                 held = layers // topo.world_size if call.startswith("pipe") else layers
-                key = r.op.removesuffix(HOST_SUFFIX)
-                extra.setdefault(key, []).append((held, beyond))  # rank 0's tensors
-    out = {}
-    for call, points in extra.items():
-        (l0, t0), (l1, t1) = min(points), max(points)
-        per_tensor = max(0.0, (t1 - t0) / (l1 - l0)) if l1 > l0 else 0.0
-        out[call] = max(0.0, t0 - per_tensor * l0)
-        out[f"{call}_per_tensor"] = per_tensor
+                key = r.op.removesuffix(HOST_SUFFIX).replace(BIASED, "")
+                tensors = 2 * held if call.endswith(BIASED) else held
+                extra.setdefault(key, []).append((held, tensors, beyond))  # rank 0's
+    return {k: v for key, points in extra.items() for k, v in _line(key, points).items()}
+
+
+def _line(key: str, points: list[tuple[int, int, float]]) -> dict[str, float]:
+    """Seconds per call and per tensor from points (units, tensors, seconds) of one unit per
+    tensor; with a point of two tensors per unit (a biased tiny model), per unit apart from
+    per tensor too. Each at least 0."""
+    plain = sorted(p for p in points if p[0] == p[1])
+    (l0, _, t0), (l1, _, t1) = plain[0], plain[-1]
+    slope = max(0.0, (t1 - t0) / (l1 - l0)) if l1 > l0 else 0.0
+    out = {key: max(0.0, t0 - slope * l0), f"{key}_per_tensor": slope}
+    biased = [p for p in points if p[1] > p[0]]
+    if biased:
+        units, tensors, t = biased[0]
+        same = next((p for p in plain if p[0] == units), plain[0])  # as many units, 1 tensor
+        per_tensor = min(slope, max(0.0, (t - same[2]) / (tensors - same[1])))
+        out |= {f"{key}_per_tensor": per_tensor, f"{key}_per_unit": slope - per_tensor}
     return out
 
 
@@ -120,11 +135,11 @@ def _simulated(call: str, layers: int, bare: DeviceProfile, topo: Topology) -> d
 
     pipe, world = call.startswith("pipe"), topo.world_size
     if call.startswith("fsdp-"):
-        case = tiny_fsdp_case(call.removeprefix("fsdp-"), world)
+        case = tiny_fsdp_case(call.removeprefix("fsdp-").removesuffix(BIASED), world)
     else:
         stage = int(call.removeprefix("pipe" if pipe else "z"))
         case = (tiny_pipe_case if pipe else tiny_case)(stage, world)
-    report = simulate(tiny_model(layers), case, topo, bare)
+    report = simulate(tiny_model(layers, call.endswith(BIASED)), case, topo, bare)
     spans = report.engine.all_spans()
     if not pipe:
         phases = simulated_phases(spans, 0, report.step_time_s)

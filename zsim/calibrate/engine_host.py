@@ -24,11 +24,19 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from zsim.calibrate.engine_fit import HOST_SUFFIX, LAYERS, MICRO_BATCH, tiny_case, tiny_model
+from zsim.calibrate.engine_fit import (
+    BIASED,
+    HOST_SUFFIX,
+    LAYERS,
+    MICRO_BATCH,
+    tiny_case,
+    tiny_model,
+)
 from zsim.calibrate.measurement import Kind, Measurement
 from zsim.step.phases import PHASES
 from zsim.testbed.phase_clock import PhaseClock
 from zsim.workload.ds_config import to_training_ds_config
+from zsim.workload.model import ModelSpec
 
 WARMUP_STEPS = 5
 STEPS = 15
@@ -53,8 +61,9 @@ def host_rows(dtype: str, engines: Mapping[str, Callable[[nn.Module], Any]]) -> 
     spent inside collectives (what `engine_fit` reads)."""
     rows = []
     for call, build in engines.items():
-        for layers in LAYERS:
-            times = _steps(build, layers)
+        biased = call.endswith(BIASED)  # one layer count: per tensor apart from per unit
+        for layers in LAYERS[:1] if biased else LAYERS:
+            times = _steps(build, tiny_model(layers, biased))
             for phase in (*PHASES, *(f"{p}{HOST_SUFFIX}" for p in PHASES)):
                 samples = max_over_ranks([t[phase] for t in times])
                 op = f"{call}.{phase}"
@@ -71,10 +80,9 @@ def _deepspeed(stage: int, model: nn.Module) -> Any:
     return engine
 
 
-def _steps(build: Callable[[nn.Module], Any], layers: int) -> list[dict[str, float]]:
+def _steps(build: Callable[[nn.Module], Any], spec: ModelSpec) -> list[dict[str, float]]:
     from zsim.testbed import torchmodels
 
-    spec = tiny_model(layers)
     torch.manual_seed(0)
     engine = build(torchmodels.build(spec))
     x, y = torchmodels.batch(spec, MICRO_BATCH, dtype=torch.float32, device=engine.device)

@@ -7,8 +7,9 @@ The validation's first FSDP runs (`benchmarks/validation/README.md`, 2026-12-03)
 forward outside its collectives where the simulator charged 10 ms of kernels and copies, and
 8 ms more in the step: FSDP's Python per unit (its pre- and post-forward hooks, the DTensor
 bookkeeping of each gather and reduction) and torch's Adam and clip_grad_norm_ over DTensors.
-`engine_fit` subtracts the simulated tiny step and keeps a cost per call and per parameter
-tensor (here one per unit), per sharding and phase.
+`engine_fit` subtracts the simulated tiny step and keeps a cost per call, per unit and per
+parameter tensor, per sharding and phase: 8 and 16 layers of one tensor each give per unit
+plus per tensor, 8 layers with biases (two tensors each) per tensor alone.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from zsim.calibrate.engine_fit import FSDP_SHARDINGS
+from zsim.calibrate.engine_fit import BIASED, FSDP_SHARDINGS
 from zsim.calibrate.engine_host import host_rows
 from zsim.calibrate.measurement import Measurement
 
@@ -27,7 +28,8 @@ from zsim.calibrate.measurement import Measurement
 def fsdp_host(dtype: str) -> list[Measurement]:
     """Every rank runs this together; rank 0 keeps the rows: per sharding and phase, the
     slowest rank's time of each step."""
-    return host_rows(dtype, {f"fsdp-{s}": partial(_fsdp, s) for s in FSDP_SHARDINGS})
+    engines = {f"fsdp-{s}{b}": partial(_fsdp, s) for s in FSDP_SHARDINGS for b in ("", BIASED)}
+    return host_rows(dtype, engines)
 
 
 def _fsdp(sharding: str, model: nn.Module) -> Any:

@@ -36,13 +36,12 @@ from dataclasses import dataclass
 from zsim.network.collective import CollectiveOp
 from zsim.step.job import StageJob
 from zsim.step.program import Category, Comm, Group, ProgramWriter, Stream, Task
-from zsim.workload.model import ComputeOp, Layer, LayerKind
+from zsim.workload.model import ComputeOp, Layer
 from zsim.workload.parallel import ParallelConfig
-from zsim.workload.sharding import FsdpSharding
+from zsim.workload.sharding import UNIT_KINDS, FsdpSharding
 
 REDUCE_BYTES = 4  # reduce_dtype float32
 SHARD_BYTES = 4  # the sharded parameters, gradients and Adam moments stay fp32
-UNIT_KINDS = (LayerKind.BLOCK, LayerKind.LINEAR)  # wrapped one by one; the rest is the root
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from zsim.workload.mechanisms import Mechanism
 from zsim.workload.model import Layer, ModelSpec, ParamTensor
 from zsim.workload.parallel import DpEngine, ParallelConfig, PipelineEngine, ZeroStage
 from zsim.workload.shapes import Shard, layer_input_bytes
-from zsim.workload.sharding import FsdpSharding
+from zsim.workload.sharding import UNIT_KINDS, FsdpSharding
 
 
 @dataclass(frozen=True)
@@ -74,8 +74,8 @@ class StageJob:
         profile's measured cost per call plus its cost per parameter tensor times the rank's
         tensors (`calibrate.engine_fit`; under ZeRO-3 its persistent ones, as every tiny
         layer's is: fetched ones added nothing measurable, 6.4 against 6.5 ms for 8 and 16
-        fetched layers); PyTorch FSDP2's per call and per tensor likewise (`fsdp_host`); none
-        elsewhere, nor under Megatron's pipeline or DDP, whose calls differ."""
+        fetched layers); PyTorch FSDP2's per call, per unit and per tensor likewise
+        (`fsdp_host`); none elsewhere, nor under Megatron's pipeline or DDP, whose calls differ."""
         cfg = self.cfg
         pipe = cfg.pp > 1
         applies = self.gloo and cfg.dp_engine is not DpEngine.MEGATRON
@@ -90,7 +90,12 @@ class StageJob:
         deepspeed3 = cfg.zero_stage is ZeroStage.PARAMETERS and cfg.dp_engine is DpEngine.DEEPSPEED
         # ZeRO-3's tiny layers' are all persistent; FSDP shards every tensor
         tensors = self.persistent_tensors() if deepspeed3 else self.tensors()
-        return host.get(call, 0.0) + host.get(f"{call}_per_tensor", 0.0) * len(tensors)
+        units = sum(1 for chunk in self.chunks for x in chunk if x.kind in UNIT_KINDS and x.tensors)
+        return (
+            host.get(call, 0.0)
+            + host.get(f"{call}_per_tensor", 0.0) * len(tensors)
+            + host.get(f"{call}_per_unit", 0.0) * units  # FSDP's hooks run once per unit
+        )
 
     def activation_bytes(self) -> float:
         """A pipeline message: one layer's input for one micro-batch."""

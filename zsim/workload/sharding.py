@@ -14,6 +14,9 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from zsim.errors import require
+from zsim.workload.model import LayerKind
+
+UNIT_KINDS = (LayerKind.BLOCK, LayerKind.LINEAR)  # wrapped one by one; the rest is the root
 
 
 class FsdpSharding(StrEnum):
