@@ -57,6 +57,9 @@ def case_of(row: dict[str, str]) -> Case:
         precision=Precision(row["precision"]),
         **_fsdp_fields(row, int(row["ranks_per_node"])),
     )
+    hpz = int(row.get("hpz_partition_size") or 1)  # ZeRO++'s hpZ, from a --ds-config case
+    if hpz > 1:
+        parallel = replace(parallel, knobs=replace(parallel.knobs, hpz_partition_size=hpz))
     return Case(
         name=row["case"],
         model=parse_model(row["model_spec"]),

@@ -40,6 +40,7 @@ def row(c: Compared, context: dict[str, Any]) -> dict[str, Any]:
         "precision": str(case.parallel.precision),
         "micro_batch": case.parallel.micro_batch,
         "grad_accum": case.parallel.grad_accum,
+        "hpz_partition_size": case.parallel.knobs.hpz_partition_size,
         "dp_engine": str(case.parallel.dp_engine),
         "fsdp_sharding": str(case.parallel.fsdp_sharding) if _fsdp(c) else "",
         "fsdp_shard_size": case.parallel.fsdp_shard_size if _fsdp(c) else "",
