@@ -1,9 +1,9 @@
 """The whole local loop, on demand (`make validate`): for each layout, calibrate its profile from
 microbenchmarks, then validate ZeRO stages 0-3 against real DeepSpeed runs with it (each case
 the median of 3 launches; on 1x2 also a small GPT, data parallel and Megatron-style tp 2, and
-DeepSpeed's PipelineEngine at pp 2, PyTorch FSDP2; on emulated 2x2 also FSDP2 with hybrid
-sharding), then write the tables of README.md here and exit non-zero when the MAPE over every
-case exceeds 10 %.
+DeepSpeed's PipelineEngine at pp 2, PyTorch FSDP2; on emulated 2x2 also ZeRO-3 with
+ZeRO++'s hpZ and FSDP2 with hybrid sharding), then write the tables of README.md here and exit
+non-zero when the MAPE over every case exceeds 10 %.
 
     python benchmarks/validation/loop.py [--layouts 1x2,1x2-pp,1x2-fsdp,1x4,1x4-gpt,2x2,2x4]
         [--reuse-profiles] [--calibrate-only]
@@ -49,6 +49,7 @@ class Layout:
 
 
 ON_1X2 = ("--topology", "1x2-cpu", "--steps", "8")
+CONFIGS = "benchmarks/validation/ds_configs"  # ds_configs the loop validates as given
 ON_2X2 = ("--topology", "2x2-cpu-1gbit", "--emulate", "--steps", "5")
 # a GPT small enough that its 12 launches of 4 stages take minutes: gpt-125m's blocks, two
 # of them, a 8,192-token vocabulary (50,257 makes the LM head 3.7 s of a step)
@@ -115,6 +116,14 @@ LAYOUTS = {
             Validation(
                 "cpu-2x2-1gbit-emulated",
                 ON_2X2,
+            ),
+            Validation(  # ZeRO-3 with 2 micro-batches, beside ZeRO++'s hpZ within a node
+                "cpu-2x2-z3-accum2-emulated",
+                (*ON_2X2, "--warmup", "5", "--ds-config", f"{CONFIGS}/z3-accum2.json"),
+            ),
+            Validation(
+                "cpu-2x2-hpz2-emulated",
+                (*ON_2X2, "--warmup", "5", "--ds-config", f"{CONFIGS}/z3-hpz2-accum2.json"),
             ),
             Validation(  # PyTorch FSDP2, hybrid sharding within a node, replicated across
                 "cpu-2x2-fsdp-emulated",

@@ -37,7 +37,8 @@ from zsim.testbed.fsdp_engine import FsdpEngine, local
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "comm_buffers", "other")
 
 _COMM = r"ipg|bucket|allgather|all_gather|prefetch|^gathered<[^>]*>$"
-_PARAMS = r"^param<[^>]*>$|>\.ds_tensor$|bit16|fp16|bf16|lp_param"
+# ZeRO++'s hpZ keeps a secondary partition of each parameter (`ds_secondary_tensor`)
+_PARAMS = r"^param<[^>]*>$|>\.ds_tensor$|>\.ds_secondary_tensor$|bit16|fp16|bf16|lp_param"
 _RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("optimizer_states", re.compile(r"\.state\[")),
     ("comm_buffers", re.compile(_COMM, re.I)),
