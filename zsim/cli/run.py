@@ -237,11 +237,12 @@ def _device(args: argparse.Namespace, topology: Topology) -> DeviceProfile:
     return presets.gpu(name)
 
 
-def _default_shard_size(args: argparse.Namespace, per_node: int, tp: int, dp: int) -> str:
+def _default_shard_size(args: argparse.Namespace, per_node: int, tp: int, dp: str) -> str:
     """--sharding hybrid without --shard-size: a node's data-parallel ranks; the note."""
     if args.fsdp_sharding != "hybrid" or args.fsdp_shard_size is not None:
         return ""
-    args.fsdp_shard_size = str(node_shard_size(per_node, tp, dp))
+    ranks = parse_int("dp", dp) or 1
+    args.fsdp_shard_size = str(node_shard_size(per_node, tp, ranks))
     return f"--shard-size {args.fsdp_shard_size}: a node's data-parallel ranks"
 
 
@@ -263,7 +264,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     dp = args.dp or (str(world // (tp * pp)) if world % (tp * pp) == 0 else None)
     if dp is None:
         raise InputError("tp x pp", tp * pp, f"a divisor of the {world} GPUs of {topology.name}")
-    shard_note = _default_shard_size(args, topology.gpus_per_node, tp, int(dp))
+    shard_note = _default_shard_size(args, topology.gpus_per_node, tp, dp)
     cfg, notes = _parallel_from(args, model, dp=dp)
     notes += [shard_note] if shard_note else []
     without = parse_mechanisms(args.without, "without")
