@@ -6,11 +6,13 @@ Phase diagnosis of the validation runs (`benchmarks/validation/README.md`) found
 simulation lacks: the engine's Python around each `engine(x)`, `engine.backward` and
 `engine.step` (its hooks and coordinator, bucket bookkeeping, the optimizer wrapper). A step
 of `LAYERS` linear layers `WIDTH` wide has kernels and messages of microseconds, so what it
-takes is mostly that host time; `zsim.calibrate.engine_fit` subtracts what the
-simulator already charges for the same tiny step (its collectives' call latencies, its
-kernels, its Adam step) and keeps the rest, per stage and phase, as a cost per call and one
-per parameter tensor (two layer counts). A microbenchmark of the engine: the validation's
-models are not used.
+takes is mostly that host time. The time the rank's thread spends inside collectives is
+timed apart and left out (on a shaped link a tiny message costs more than the collective
+model says, and that is not host time); `zsim.calibrate.engine_fit` subtracts what the
+simulator already charges outside collectives for the same tiny step (its kernels, its Adam
+step) and keeps the rest, per stage and phase, as a cost per call and one per parameter
+tensor (two layer counts). A microbenchmark of the engine: the validation's models are not
+used.
 """
 
 from __future__ import annotations
