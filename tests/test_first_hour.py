@@ -201,6 +201,18 @@ def test_gpu_aliases(given, meant):
     assert presets.gpu(given).name == meant
 
 
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--topology", "1x8-dgx-a10"], "dgx-a100"),  # the A10 is another GPU, not a prefix
+        (["--topology", "1x8-nvlink", "--gpu", "a100-40"], "a100-40gb"),
+    ],
+)
+def test_a_name_cut_inside_a_word_is_not_taken_for_another(capsys, argv, named):
+    assert main(["run", "--model", "gpt-125m", *argv]) == 2
+    assert f"did you mean {named}" in capsys.readouterr().err
+
+
 def test_a_typo_is_answered_with_the_closest_names(capsys):
     assert main(["run", "--model", "lama-7b"]) == 2
     assert "did you mean llama-7b" in capsys.readouterr().err

@@ -53,14 +53,15 @@ def positive_number(field: str, value: Any) -> float:
 
 
 def choose(field: str, name: str, choices: Sequence[str]) -> str:
-    """`name` among `choices`: itself, the same ignoring case, or the one choice it begins
-    (`h100` for `h100-sxm`); else an InputError that lists the choices and the closest."""
+    """`name` among `choices`: itself, the same ignoring case, or the one choice it begins up
+    to a `-` (`h100` for `h100-sxm`, not `dgx-a10` for `dgx-a100`: the A10 is another GPU);
+    else an InputError that lists the choices and the closest."""
     if name in choices:
         return name
     lowered = {c.lower(): c for c in choices}
     if name.lower() in lowered:
         return lowered[name.lower()]
-    starting = [c for c in choices if c.lower().startswith(name.lower())]
+    starting = [c for c in choices if c.lower().startswith(name.lower() + "-")]
     if len(starting) == 1:
         return starting[0]
     close = starting or difflib.get_close_matches(name.lower(), list(lowered), n=3, cutoff=0.6)
