@@ -30,7 +30,7 @@ def fsdp_groups(
     group: Group,
     peers: tuple[Group, ...],
     h: int,
-    kept: Callable[[tuple[object, ...], Group], Group],
+    kept: Keep,
 ) -> FsdpGroups:
     """The shard and replica groups of `group`'s first rank (the group itself unless hybrid),
     and, by id, what runs beside each: every data-parallel group's (`peers`: the other TP
@@ -54,7 +54,7 @@ def fsdp_terms(
     cfg: ParallelConfig,
     device: DeviceProfile,
     collective_s: Collective,
-    groups: tuple[tuple[int, ...], tuple[int, ...]],
+    groups: tuple[Group, Group],
     units: Sequence[Unit],
     passes: tuple[float, float],
 ) -> tuple[float, float]:

@@ -28,7 +28,7 @@ from zsim.workload.parallel import (
     ZeroKnobs,
     ZeroStage,
 )
-from zsim.workload.sharding import FsdpSharding
+from zsim.workload.sharding import FsdpSharding, node_shard_size
 
 
 @dataclass(frozen=True)
@@ -146,7 +146,7 @@ def _fsdp(cfg: ParallelConfig, gpus_per_node: int, space: Space) -> Iterator[Par
     fsdp = {"dp_engine": DpEngine.FSDP}
     for sharding in (FsdpSharding.FULL, FsdpSharding.GRAD_OP):
         yield replace(cfg, **fsdp, fsdp_sharding=sharding)  # type: ignore[arg-type]
-    node = gpus_per_node // cfg.tp  # the data-parallel ranks of a node
+    node = node_shard_size(gpus_per_node, cfg.tp, cfg.dp)  # a node's data-parallel ranks
     if 1 < node < cfg.dp and cfg.dp % node == 0:
         hybrid = {"fsdp_sharding": FsdpSharding.HYBRID, "fsdp_shard_size": node}
         yield replace(cfg, **fsdp, **hybrid)  # type: ignore[arg-type]

@@ -38,7 +38,7 @@ from zsim.step.job import StageJob
 from zsim.step.program import Category, Comm, Group, ProgramWriter, Stream, Task
 from zsim.workload.model import ComputeOp, Layer
 from zsim.workload.parallel import ParallelConfig
-from zsim.workload.sharding import UNIT_KINDS, FsdpSharding
+from zsim.workload.sharding import UNIT_KINDS, FsdpSharding, is_unit
 
 REDUCE_BYTES = 4  # reduce_dtype float32
 SHARD_BYTES = 4  # the sharded parameters, gradients and Adam moments stay fp32
@@ -62,9 +62,8 @@ def units(layers: Sequence[Layer], tp: int) -> list[Unit]:
     one unit per block, each at its index."""
     root = [x for x in layers if x.kind not in UNIT_KINDS and x.tensors]
     out = [Unit(0, tuple(x.name for x in root), sum(x.params(tp) for x in root))]
-    for x in layers:
-        if x.kind in UNIT_KINDS and x.tensors:
-            out.append(Unit(len(out), (x.name,), x.params(tp)))
+    for x in filter(is_unit, layers):
+        out.append(Unit(len(out), (x.name,), x.params(tp)))
     return out
 
 

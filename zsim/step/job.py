@@ -15,7 +15,7 @@ from zsim.workload.mechanisms import Mechanism
 from zsim.workload.model import Layer, ModelSpec, ParamTensor
 from zsim.workload.parallel import DpEngine, ParallelConfig, PipelineEngine, ZeroStage
 from zsim.workload.shapes import Shard, layer_input_bytes
-from zsim.workload.sharding import UNIT_KINDS, FsdpSharding
+from zsim.workload.sharding import FsdpSharding, is_unit
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class StageJob:
         deepspeed3 = cfg.zero_stage is ZeroStage.PARAMETERS and cfg.dp_engine is DpEngine.DEEPSPEED
         # ZeRO-3's tiny layers' are all persistent; FSDP shards every tensor
         tensors = self.persistent_tensors() if deepspeed3 else self.tensors()
-        units = sum(1 for chunk in self.chunks for x in chunk if x.kind in UNIT_KINDS and x.tensors)
+        units = sum(is_unit(x) for chunk in self.chunks for x in chunk)
         return (
             host.get(call, 0.0)
             + host.get(f"{call}_per_tensor", 0.0) * len(tensors)

@@ -14,9 +14,14 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from zsim.errors import require
-from zsim.workload.model import LayerKind
+from zsim.workload.model import Layer, LayerKind
 
 UNIT_KINDS = (LayerKind.BLOCK, LayerKind.LINEAR)  # wrapped one by one; the rest is the root
+
+
+def is_unit(layer: Layer) -> bool:
+    """A layer FSDP wraps as a unit of its own: a block (an MLP layer) holding parameters."""
+    return layer.kind in UNIT_KINDS and bool(layer.tensors)
 
 
 class FsdpSharding(StrEnum):
