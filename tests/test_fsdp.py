@@ -8,6 +8,8 @@ forward gather waits for the copy-out two units back; the backward prefetches on
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from zsim.cli import main
@@ -143,3 +145,17 @@ def test_the_cli_runs_fsdp_and_refuses_an_unknown_sharding_in_one_line(capsys):
     assert len(err) == 1
     assert "fsdp_sharding" in err[0]
     assert "grad-op" in err[0]
+
+
+def test_hybrid_shards_within_a_node_unless_told_otherwise(capsys):
+    """torch's HYBRID_SHARD default: a node's ranks shard, nodes replicate (2 x 8: shard 8);
+    on one node there is nothing to replicate across, and the default is refused in one line."""
+    args = ["run", "--model", "gpt-125m", "--engine", "fsdp", "--sharding", "hybrid", "--json"]
+    assert main([*args, "--topology", "2x8-ib"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert "--shard-size 8: a node's data-parallel ranks" in out["notes"]
+    assert main([*args, "--topology", "1x8-dgx-a100"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert "shard_size" in err[0]
+    assert "--sharding full" in err[0]

@@ -23,7 +23,7 @@ from zsim.workload.mechanisms import MECHANISMS, parse_mechanisms
 from zsim.workload.model import ModelKind, ModelSpec
 from zsim.workload.model_presets import PRESETS
 from zsim.workload.parallel import ParallelConfig, ZeroStage, with_stage
-from zsim.workload.sharding import node_shard_size
+from zsim.workload.sharding import default_shard_size
 
 
 def _add_model_flags(p: argparse.ArgumentParser) -> None:
@@ -242,7 +242,7 @@ def _default_shard_size(args: argparse.Namespace, per_node: int, tp: int, dp: st
     if args.fsdp_sharding != "hybrid" or args.fsdp_shard_size is not None:
         return ""
     ranks = parse_int("dp", dp) or 1
-    args.fsdp_shard_size = str(node_shard_size(per_node, tp, ranks))
+    args.fsdp_shard_size = str(default_shard_size(per_node, tp, ranks))
     return f"--shard-size {args.fsdp_shard_size}: a node's data-parallel ranks"
 
 

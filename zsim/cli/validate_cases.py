@@ -10,7 +10,7 @@ from typing import Any
 from zsim.errors import InputError, positive_int, require
 from zsim.inputs.scenario import check_layout
 from zsim.workload.parallel import DpEngine, ParallelConfig, Precision, ZeroStage
-from zsim.workload.sharding import FsdpSharding, node_shard_size
+from zsim.workload.sharding import FsdpSharding, default_shard_size
 
 DEFAULT_WARMUP = {"cpu": "20", "cuda": "5"}
 
@@ -112,11 +112,12 @@ def fsdp_cases(args: argparse.Namespace, base: Any) -> list[Any]:
         args.sharding,
         f"comma-separated strategies from {allowed}",
     )
-    per_node = node_shard_size(base.ranks_per_node, 1, base.parallel.dp)
-    size = whole("shard_size", args.shard_size) if args.shard_size else per_node
+    size = whole("shard_size", args.shard_size) if args.shard_size else 0
     out = []
     for sharding in dict.fromkeys(items):
         hybrid = sharding == FsdpSharding.HYBRID
+        if hybrid and not size:
+            size = default_shard_size(base.ranks_per_node, 1, base.parallel.dp)
         parallel = replace(
             base.parallel,
             dp_engine=DpEngine.FSDP,

@@ -66,6 +66,21 @@ def node_shard_size(gpus_per_node: int, tp: int, dp: int) -> int:
     return max(1, min(dp, gpus_per_node // tp))
 
 
+def default_shard_size(gpus_per_node: int, tp: int, dp: int) -> int:
+    """--sharding hybrid's shard group when --shard-size is not given (`node_shard_size`),
+    refused in one line where a node holds every data-parallel rank."""
+    size = node_shard_size(gpus_per_node, tp, dp)
+    fits = f"a divisor of dp={dp} from 2 to {dp // 2}, or " if dp >= 4 else ""
+    require(
+        size < dp,
+        "shard_size",
+        f"unset (one node holds all {dp} data-parallel ranks)",
+        f"set with --sharding hybrid on one node: {fits}--sharding full (hybrid replicates "
+        "the model states across shard groups)",
+    )
+    return size
+
+
 def check_fsdp(cfg: _Layout) -> None:
     """What zsim's FSDP covers (`dp_engine: fsdp`): ZeRO-3's partition of all three model
     states, on its own engine (no DeepSpeed knobs), without pipeline parallelism or CPU
