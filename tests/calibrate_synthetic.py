@@ -85,6 +85,9 @@ def synthetic_rows(noise=0.0, seed=0, repeats=9):
     key = layer_time_key(preset("toy-mlp"), LayerKind.LINEAR, 4, "fp32")
     rows.append(Measurement(Kind.LAYER_FORWARD, "linear", "fp32", samples(1e-3), layer_key=key))
     rows.append(Measurement(Kind.LAYER_BACKWARD, "linear", "fp32", samples(2e-3), layer_key=key))
+    rows.append(
+        Measurement(Kind.LAYER_ACCUMULATE, "linear", "fp32", samples(2.5e-3), layer_key=key)
+    )
     return tuple(rows)
 
 

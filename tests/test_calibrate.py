@@ -31,7 +31,12 @@ from zsim.calibrate.profile import (
     save_profile,
 )
 from zsim.cli import main
-from zsim.cluster.device import ADAM_STEP_BYTES_PER_PARAM, layer_time_key, model_signature
+from zsim.cluster.device import (
+    ADAM_STEP_BYTES_PER_PARAM,
+    LayerTime,
+    layer_time_key,
+    model_signature,
+)
 from zsim.errors import InputError
 from zsim.workload.model import LayerKind
 from zsim.workload.model_presets import preset, with_overrides
@@ -51,6 +56,8 @@ def test_fit_recovers_compute_parameters_exactly():
         ADAM_PARAMS_PER_S * ADAM_STEP_BYTES_PER_PARAM, rel=1e-9
     )
     assert fit.profile.memory_bytes == 8e9
+    key = layer_time_key(preset("toy-mlp"), LayerKind.LINEAR, 4, "fp32")
+    assert fit.profile.layer_time(key) == LayerTime(1e-3, 2e-3, accumulate_s=2.5e-3)
     assert all(r.worst_rel_err < 1e-9 for r in fit.residuals)
 
 
@@ -117,6 +124,19 @@ def test_profile_round_trip(tmp_path):
     assert len(csv_lines) == 1 + len(cal.measurements)
 
 
+def test_a_profile_without_the_accumulating_backward_still_loads(tmp_path):
+    # profiles written before the accumulating backward was timed have no accumulate_s: it
+    # is then unmeasured (None), and written back without it
+    cal = calibration()
+    (key,) = cal.profile.layer_times
+    unmeasured = LayerTime(1e-3, 2e-3)
+    profile = replace(cal.profile, layer_times={key: unmeasured})
+    save_profile(replace(cal, profile=profile), tmp_path / "p.json")
+    written = json.loads((tmp_path / "p.json").read_text())["device"]["layer_times"][key]
+    assert written == {"forward_s": 1e-3, "backward_s": 2e-3}
+    assert load_profile(tmp_path / "p.json").layer_time(key) == unmeasured
+
+
 def test_sample_profiles_follow_the_measured_spread(tmp_path):
     cal = calibration()
     save_profile(cal, tmp_path / "p.json")
@@ -157,14 +177,16 @@ def test_sampled_profiles_draw_whole_launches_first():
     flat = Calibration(
         "flat", fit.profile, tuple(replace(r, launch_samples=()) for r in rows), provenance=INFO
     )
-    spread = {}
+    slow = {}
     for cal in (clustered, flat):
-        rates = [d.host_link_bytes_per_s for d in sample_profiles(cal, 60, seed=3)]
-        spread[cal.name] = np.percentile(rates, 95) / np.percentile(rates, 5)
-    # iid repeats: 2 of 3 launches fast, so nearly every resample's median is a fast one
-    assert spread["flat"] < 1.05
-    # whole launches: 7 in 27 draws hold the slow launch twice or more, and their median is slow
-    assert spread["launches"] > 1.5
+        rates = np.array([d.host_link_bytes_per_s for d in sample_profiles(cal, 200, seed=3)])
+        slow[cal.name] = np.mean(rates < 0.75 * np.median(rates))  # both sizes' medians slow
+    # iid repeats: 20 of 60 slow, so a resample's median is slow for one size in 1 draw of
+    # ~200, for both (the fit reads both) in 1 of ~40,000
+    assert slow["flat"] == 0
+    # whole launches: 7 in 27 draws hold the slow launch twice or more and their median is
+    # slow, for both sizes in 1 draw of 15 (~13 of 200; 2 or fewer: p ~ 2e-4, whatever the seed)
+    assert slow["launches"] > 0.01
 
 
 @pytest.mark.parametrize(

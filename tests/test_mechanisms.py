@@ -108,3 +108,25 @@ def test_autograd_adds_later_micro_batches_into_grad():
     assert _step(model, cfg, "1x1-nvlink", device) == _step(
         model, cfg, "1x1-nvlink", device, Mechanism.GRAD_ACCUMULATE
     )
+
+
+def test_a_timed_accumulating_backward_replaces_the_separate_pass():
+    # Calibration times each layer's backward again with the first one's gradients still in
+    # .grad (autograd's AccumulateGrad then adds inside the pass: `accumulate_s`). Where a
+    # profile has it, a later micro-batch's backward takes that time and no separate pass
+    # follows. The seeds' 8 x Linear(1024) on 2 CPU ranks, ZeRO-0, 4 micro-batches: three
+    # accumulating backwards of 8 layers each, on the main thread (gloo blocks on every call)
+    profile = load_profile(CAL / "cpu-2rank.json")
+    key = next(k for k in profile.layer_times if k.startswith("mlp-h1024") and "|mb4|" in k)
+    measured = profile.layer_times[key]
+    assert measured.accumulate_s is None  # a profile from before: the pass at the copy rate
+    cfg = ParallelConfig(dp=2, zero_stage=0, micro_batch=4, grad_accum=4, precision="fp32")
+    none = _step(MLP, cfg, "1x2-cpu", profile, Mechanism.GRAD_ACCUMULATE)
+    as_pass = _step(MLP, cfg, "1x2-cpu", profile)
+    params = 8 * (1024 * 1024 + 1024)
+    assert as_pass - none == pytest.approx(3 * profile.copy_time_s(1.5 * 4 * params, "fp32"))
+    for extra_s in (0.4e-3, -0.2e-3):  # slower, or faster: fresh gradients cost allocations
+        timed = replace(measured, accumulate_s=measured.backward_s + extra_s)
+        device = replace(profile, layer_times={**profile.layer_times, key: timed})
+        in_pass = _step(MLP, cfg, "1x2-cpu", device)
+        assert in_pass - none == pytest.approx(3 * 8 * extra_s, rel=1e-6)

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from zsim.calibrate.engine_fit import engine_host_s
-from zsim.calibrate.measurement import FIT_TOLERANCE, Kind, Measurement
+from zsim.calibrate.measurement import FIT_TOLERANCE, LAYER_FIELDS, Kind, Measurement
 from zsim.cluster.calibrated import apply_profile
 from zsim.cluster.device import ADAM_STEP_BYTES_PER_PARAM, ComputeRates, DeviceProfile, LayerTime
 from zsim.cluster.gpu_spec import fit_gemm
@@ -209,7 +209,10 @@ def compute_rates(
 def layer_times(rows: Sequence[Measurement]) -> dict[str, LayerTime]:
     forward = {r.layer_key: r.median_s for r in _rows(rows, Kind.LAYER_FORWARD)}
     backward = {r.layer_key: r.median_s for r in _rows(rows, Kind.LAYER_BACKWARD)}
-    return {k: LayerTime(forward[k], backward[k]) for k in forward if k in backward}
+    accumulate = {r.layer_key: r.median_s for r in _rows(rows, Kind.LAYER_ACCUMULATE)}
+    return {
+        k: LayerTime(forward[k], backward[k], accumulate.get(k)) for k in forward if k in backward
+    }
 
 
 def rate_through_origin(
@@ -234,11 +237,10 @@ def predict_compute(profile: DeviceProfile, row: Measurement) -> float | None:
         op = ComputeOp(row.op, OpKind.ATTENTION, row.flops, 0.0)
     elif row.kind is Kind.MEMORY:
         op = ComputeOp(row.op, OpKind.MEMORY, 0.0, row.size_bytes)
-    elif row.kind in (Kind.LAYER_FORWARD, Kind.LAYER_BACKWARD):
+    elif row.kind in LAYER_FIELDS:
         lt = profile.layer_time(row.layer_key)
-        if lt is None:
-            return None
-        return lt.forward_s if row.kind is Kind.LAYER_FORWARD else lt.backward_s
+        seconds = None if lt is None else getattr(lt, LAYER_FIELDS[row.kind])
+        return None if seconds is None else float(seconds)
     else:
         return None
     return profile.op_time_s(op, row.dtype)

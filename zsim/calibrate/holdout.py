@@ -20,14 +20,14 @@ from dataclasses import replace
 from typing import Any
 
 from zsim.calibrate.fit import Residual, fit_profile, residuals
-from zsim.calibrate.measurement import Kind, Measurement
+from zsim.calibrate.measurement import LAYER_FIELDS, Kind, Measurement
 from zsim.calibrate.replay import simulated_s
 from zsim.cluster.calibrated import apply_profile
 from zsim.errors import InputError
 from zsim.inputs import presets
 
 FOLDS = 5
-UNSCORED = (Kind.LAYER_FORWARD, Kind.LAYER_BACKWARD, Kind.PINGPONG, Kind.ENGINE_HOST)
+UNSCORED = (*LAYER_FIELDS, Kind.PINGPONG, Kind.ENGINE_HOST)
 
 
 def size_of(row: Measurement) -> tuple[float, ...]:

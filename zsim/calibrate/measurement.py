@@ -29,11 +29,19 @@ class Kind(StrEnum):
     ATTENTION = "attention"  # fused scaled_dot_product_attention at a model's shape
     LAYER_FORWARD = "layer_forward"  # one module of the model, forward
     LAYER_BACKWARD = "layer_backward"  # the same module, backward
+    LAYER_ACCUMULATE = "layer_accumulate"  # its backward again, adding into the gradients
     HOST_COPY = "host_copy"  # host -> device and device -> host (offload); a memcpy on CPU
     OPTIMIZER = "optimizer"  # one AdamW step over a flat fp32 tensor
     COLLECTIVE = "collective"  # a torch.distributed collective over a process group
     PINGPONG = "pingpong"  # one byte's TCP round trip between two ranks, halved (no gloo)
     ENGINE_HOST = "engine_host"  # a phase (op "z<stage>.<phase>") of a tiny DeepSpeed step
+
+
+LAYER_FIELDS = {  # a layer row -> the LayerTime field it measures
+    Kind.LAYER_FORWARD: "forward_s",
+    Kind.LAYER_BACKWARD: "backward_s",
+    Kind.LAYER_ACCUMULATE: "accumulate_s",
+}
 
 
 class Collective(StrEnum):
@@ -138,7 +146,7 @@ class Measurement:
         if self.kind is Kind.GEMM:
             m, n, k, b = self.shape
             return f"{self.op} {m}x{n}x{k}" + (f" x{b}" if b > 1 else "")
-        if self.kind in (Kind.LAYER_FORWARD, Kind.LAYER_BACKWARD):
+        if self.kind in LAYER_FIELDS:
             model = "-".join(self.layer_key.split("|", 1)[0].split("-")[:2])
             return f"{self.op} {self.kind.removeprefix('layer_')} mb{self.micro_batch} {model}"
         if self.kind is Kind.OPTIMIZER:

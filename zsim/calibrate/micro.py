@@ -103,61 +103,58 @@ def attention(bench: Bench, model: ModelSpec) -> list[Measurement]:
 def layer(
     bench: Bench, model: ModelSpec, kind: LayerKind, mb: int, tp: int = 1
 ) -> list[Measurement]:
-    """Forward and backward of one module in training mode, as the training step runs it;
-    at tp > 1 one rank's Megatron shard of it, compute only (its collectives are timed as
-    collectives)."""
+    """Forward and backward of one module in training mode, as the training step runs it,
+    and its backward again with the gradients kept (a later micro-batch's, which autograd
+    adds into `.grad` inside the pass); at tp > 1 one rank's Megatron shard of it, compute
+    only (its collectives are timed as collectives)."""
     module, forward, copies = _layer_forward(bench, model, kind, mb, tp)
     params = list(module.parameters())
 
-    def step() -> tuple[float, float]:
+    def backward() -> float:
+        out = forward()
+        grad = None if out.dim() == 0 else torch.ones_like(out)
+        return bench.timed(partial(out.backward, grad))[0]
+
+    def step() -> tuple[float, float, float]:
         for p in params:
             p.grad = None
         f_s, out = bench.timed(forward)
         share = bench.share
         grad = None if out.dim() == 0 else torch.ones_like(out)
         b_s, _ = bench.timed(partial(out.backward, grad))
+        share = min(share, bench.share)
+        a_s = backward()  # the gradients of the first are still in .grad
         bench.share = min(share, bench.share)
-        return f_s, b_s
+        return f_s, b_s, a_s
 
     def sample() -> tuple[float, ...]:
-        f_s, b_s, share = 0.0, 0.0, 1.0
+        sums, share = [0.0, 0.0, 0.0], 1.0
         for _ in range(inner):
-            f, b = step()
-            f_s, b_s, share = f_s + f, b_s + b, min(share, bench.share)
+            sums = [s + t for s, t in zip(sums, step(), strict=True)]
+            share = min(share, bench.share)
         bench.share = share
-        return f_s / inner / copies, b_s / inner / copies
+        return tuple(s / inner / copies for s in sums)
 
     for _ in range(bench.warmup):
         step()
-    f0, b0 = step()
-    inner, repeats = bench.schedule(f0 + b0)
+    inner, repeats = bench.schedule(sum(step()))
     dist.barrier()
     kept, dropped = bench.clean_samples(sample, repeats)
-    fwd = bench.max_over_ranks(sorted(v[0] for v in kept))
-    bwd = bench.max_over_ranks(sorted(v[1] for v in kept))
     dropped = bench.sum_over_ranks(dropped)
     key = layer_time_key(model, kind, mb, bench.plan.dtype, tp, bench.plan.flash_attention)
+    kinds = (Kind.LAYER_FORWARD, Kind.LAYER_BACKWARD, Kind.LAYER_ACCUMULATE)
     return [
         Measurement(
-            Kind.LAYER_FORWARD,
+            row_kind,
             str(kind),
             bench.plan.dtype,
-            tuple(fwd),
+            tuple(bench.max_over_ranks(sorted(v[i] for v in kept))),
             layer_key=key,
             micro_batch=mb,
             inner=inner,
             dropped=dropped,
-        ),
-        Measurement(
-            Kind.LAYER_BACKWARD,
-            str(kind),
-            bench.plan.dtype,
-            tuple(bwd),
-            layer_key=key,
-            micro_batch=mb,
-            inner=inner,
-            dropped=dropped,
-        ),
+        )
+        for i, row_kind in enumerate(kinds)
     ]
 
 

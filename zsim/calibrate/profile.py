@@ -59,8 +59,8 @@ def profile_to_dict(p: DeviceProfile) -> dict[str, Any]:
 
 
 def _plain(value: Any) -> Any:
-    if is_dataclass(value):
-        return vars(value).copy()
+    if is_dataclass(value):  # a field left unmeasured (None) is left out: its default
+        return {k: v for k, v in vars(value).items() if v is not None}
     if isinstance(value, Mapping):
         return {k: _plain(v) for k, v in sorted(value.items())}
     if isinstance(value, tuple):

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from zsim.calibrate.bounds import group_gpus
 from zsim.calibrate.links import calls_of
-from zsim.calibrate.measurement import Kind, Measurement
+from zsim.calibrate.measurement import LAYER_FIELDS, Kind, Measurement
 from zsim.calibrate.profile import Calibration
 from zsim.cluster.calibrated import apply_profile
 from zsim.cluster.device import ADAM_STEP_BYTES_PER_PARAM, DeviceProfile
@@ -31,11 +31,12 @@ def simulated_s(profile: DeviceProfile, topo: Topology | None, row: Measurement)
         return profile.op_time_s(ComputeOp(row.op, OpKind.ATTENTION, row.flops, 0.0), row.dtype)
     if row.kind is Kind.MEMORY:
         return profile.op_time_s(ComputeOp(row.op, OpKind.MEMORY, 0.0, row.size_bytes), row.dtype)
-    if row.kind in (Kind.LAYER_FORWARD, Kind.LAYER_BACKWARD):
+    if row.kind in LAYER_FIELDS:
         layer = profile.layer_time(row.layer_key)
-        if layer is None:
-            raise KeyError(f"the profile has no time for layer {row.layer_key}")
-        return layer.forward_s if row.kind is Kind.LAYER_FORWARD else layer.backward_s
+        seconds = None if layer is None else getattr(layer, LAYER_FIELDS[row.kind])
+        if seconds is None:
+            raise KeyError(f"the profile has no {row.kind} time for layer {row.layer_key}")
+        return float(seconds)
     if row.kind is Kind.HOST_COPY:
         return row.size_bytes / profile.host_link_bytes_per_s
     if row.kind is Kind.OPTIMIZER:

@@ -58,10 +58,15 @@ class ComputeRates:
 
 @dataclass(frozen=True)
 class LayerTime:
-    """Measured forward and backward time of one layer at one shape (calibration)."""
+    """Measured forward and backward time of one layer at one shape (calibration).
+
+    `accumulate_s`: its backward when `.grad` already holds an earlier micro-batch's
+    gradients, so that autograd's AccumulateGrad adds into them inside the pass instead of
+    keeping the new tensors (None: not measured)."""
 
     forward_s: float
     backward_s: float
+    accumulate_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -83,12 +83,14 @@ class _Passes:
             deps = [writer.compute(f"{tag}.engine_host", host, category, deps)]
         boundary = work.micro_batch == cfg.grad_accum - 1
         hooks = not work.forward and self.reducer.start_backward(boundary)
+        accumulating = not work.forward and accumulates_in_grad(cfg, work.micro_batch)
         order = layers if work.forward else tuple(reversed(layers))
         done = deps
         # the first forward waits for the distributed optimizer's overlapped gathers
         synced = work.forward and work.micro_batch == 0 and self.param_sync.active
         if self.kernels.can_fuse and not hooks and not zero3 and not synced:
-            done = [self.kernels.fused_pass(writer, work.chunk, order, work.forward, done, tag)]
+            fused = self.kernels.fused_pass
+            done = [fused(writer, work.chunk, order, work.forward, done, tag, accumulating)]
         else:
             for layer in order:
                 if synced:
@@ -99,7 +101,7 @@ class _Passes:
                 ]
                 gather = partial(self.gathers.use, layer, tag=f"{tag}.{layer.name}")
                 task = self.kernels.layer_pass(
-                    writer, layer, work.forward, done, f"{tag}.{layer.name}", gather
+                    writer, layer, work.forward, done, f"{tag}.{layer.name}", gather, accumulating
                 )
                 if hooks:
                     task = self.reducer.grads_ready(layer, task) or task
@@ -120,13 +122,26 @@ class _Passes:
             # reduce after their schedule (DeepSpeed) or wait once at its end (Megatron).
             waits = [*done, *self.reducer.pending()]
             done = [writer.compute("backward_epilogue_sync", 0.0, Category.BACKWARD, waits)]
-        if not work.forward and accumulates_in_fp32(cfg):
-            done = [writer.memory_pass("fp32_grad_accumulate", 5.0 * self.job.params(), done)]
-        elif not work.forward and accumulates_in_grad(cfg, work.micro_batch):
-            added = 1.5 * self.job.element_bytes * self.job.params()  # 3 tensors, as a copy
-            done = [writer.memory_pass("grad_accumulate", added, done)]
+        if not work.forward:
+            done = self._accumulate(layers, accumulating, done)
         self._previous = done
         return done[0]
+
+    def _accumulate(
+        self, layers: Sequence[Layer], accumulating: bool, done: list[Task]
+    ) -> list[Task]:
+        """A backward's gradients added to the earlier micro-batches' outside its layers."""
+        job, writer = self.job, self.writer
+        if accumulates_in_fp32(job.cfg):
+            return [writer.memory_pass("fp32_grad_accumulate", 5.0 * job.params(), done)]
+        if not accumulating:
+            return done
+        # layers timed adding into .grad did so inside their backward; the rest add here
+        added = sum(x.params(job.cfg.tp) for x in layers if not self.kernels.accumulates_in_pass(x))
+        if not added:
+            return done
+        nbytes = 1.5 * job.element_bytes * added  # read two tensors, write one: 1.5 copies
+        return [writer.memory_pass("grad_accumulate", nbytes, done)]
 
 
 def build_program(

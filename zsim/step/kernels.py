@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
-from zsim.cluster.device import layer_time_key
+from zsim.cluster.device import LayerTime, layer_time_key
 from zsim.network.collective import CollectiveOp
 from zsim.step.job import StageJob
 from zsim.step.program import (
@@ -50,8 +50,8 @@ class LayerKernels:
         self.job = job
         self.tp_time = tp_time  # fixed TP collective times: whole passes become one task
         self._seconds: dict[tuple[ComputeOp, ...], float] = {}
-        self._templates: dict[tuple[Layer, bool], tuple[tuple[Part, ...], float]] = {}
-        self._fused: dict[tuple[int, bool], tuple[tuple[Part, ...], float]] = {}
+        self._templates: dict[tuple[Layer, bool, bool], tuple[tuple[Part, ...], float]] = {}
+        self._fused: dict[tuple[int, bool, bool], tuple[tuple[Part, ...], float]] = {}
 
     @property
     def can_fuse(self) -> bool:
@@ -64,17 +64,33 @@ class LayerKernels:
             self._seconds[key] = sum(device.op_time_s(op, dtype) for op in ops)
         return self._seconds[key]
 
-    def measured_scale(self, layer: Layer, forward: bool, ops: Sequence[ComputeOp]) -> float:
-        """Calibrated layer times replace the roofline: scale each segment by measured/modelled."""
+    def measured(self, layer: Layer) -> LayerTime | None:
+        """The calibrated times of `layer` at the job's shape, if the profile has them."""
         c, job = self.job.cfg, self.job
         key = layer_time_key(
             job.model, layer.kind, c.micro_batch, job.dtype, c.tp, c.flash_attention
         )
-        measured = job.device.layer_time(key)
+        return job.device.layer_time(key)
+
+    def accumulates_in_pass(self, layer: Layer) -> bool:
+        """The profile timed `layer`'s backward adding into gradients already in `.grad`."""
+        measured = self.measured(layer)
+        return measured is not None and measured.accumulate_s is not None
+
+    def measured_scale(
+        self, layer: Layer, forward: bool, ops: Sequence[ComputeOp], accumulating: bool = False
+    ) -> float:
+        """Calibrated layer times replace the roofline: scale each segment by measured/modelled
+        (`accumulating`: a backward whose gradients add into `.grad`, where it was timed so)."""
+        measured = self.measured(layer)
         modelled = self.op_seconds(ops)
         if measured is None or modelled <= 0:
             return 1.0
-        return (measured.forward_s if forward else measured.backward_s) / modelled
+        if forward:
+            return measured.forward_s / modelled
+        if accumulating and measured.accumulate_s is not None:
+            return measured.accumulate_s / modelled
+        return measured.backward_s / modelled
 
     def run_ops(
         self,
@@ -86,10 +102,11 @@ class LayerKernels:
         deps: list[H],
         tag: str,
         gather: Callable[[ComputeOp, list[H]], list[H]] | None = None,
+        accumulating: bool = False,
     ) -> H:
         """Compute segments, split at TP communication points and (through `gather`) ZeRO-3
         parameter gathers; `emit` makes tasks, or times a fused pass."""
-        scale = self.measured_scale(layer, forward, ops)
+        scale = self.measured_scale(layer, forward, ops, accumulating)
         tp = _TpCollectives(self, emit, forward, category, tag, scale, deps)
         for op in ops:
             gathers = gather(op, tp.last) if gather else []
@@ -111,28 +128,32 @@ class LayerKernels:
         deps: list[Task],
         tag: str,
         gather: Gather,
+        accumulating: bool = False,
     ) -> Task:
-        """One layer's forward, or its backward with any recompute replay first."""
+        """One layer's forward, or its backward with any recompute replay first
+        (`accumulating`: its gradients add into `.grad`)."""
         passes = layer_passes(self.job.model, self.job.cfg, layer)
         if forward:
             return self.run_ops(
                 writer, layer, passes.forward, True, Category.FORWARD, deps, tag, gather
             )
         if passes.replay:
+            replay = passes.replay
             deps = [
                 self.run_ops(
-                    writer,
-                    layer,
-                    passes.replay,
-                    True,
-                    Category.RECOMPUTE,
-                    deps,
-                    f"{tag}.re",
-                    gather,
+                    writer, layer, replay, True, Category.RECOMPUTE, deps, f"{tag}.re", gather
                 )
             ]
         return self.run_ops(
-            writer, layer, passes.backward, False, Category.BACKWARD, deps, tag, gather
+            writer,
+            layer,
+            passes.backward,
+            False,
+            Category.BACKWARD,
+            deps,
+            tag,
+            gather,
+            accumulating,
         )
 
     def fused_pass(
@@ -143,16 +164,17 @@ class LayerKernels:
         forward: bool,
         deps: list[Task],
         tag: str,
+        accumulating: bool = False,
     ) -> Task:
         """A whole forward or backward of a chunk (its `layers` in running order) as one task,
         when every collective inside it takes a fixed time (TP on its own links): the same
         timing, far fewer events."""
-        key = (chunk, forward)
+        key = (chunk, forward, accumulating)
         if key not in self._fused:  # the same for every micro-batch
             parts: list[Part] = []
             offset = 0.0
             for layer in layers:
-                layer_parts, seconds = self.pass_template(layer, forward)
+                layer_parts, seconds = self.pass_template(layer, forward, accumulating)
                 parts += [p._replace(start_s=p.start_s + offset) for p in layer_parts]
                 offset += seconds
             self._fused[key] = (tuple(parts), offset)
@@ -160,8 +182,10 @@ class LayerKernels:
         category = Category.FORWARD if forward else Category.BACKWARD
         return writer.fused(tag, category, parts_of_pass, seconds_of_pass, deps)
 
-    def pass_template(self, layer: Layer, forward: bool) -> tuple[tuple[Part, ...], float]:
-        key = (layer, forward)
+    def pass_template(
+        self, layer: Layer, forward: bool, accumulating: bool = False
+    ) -> tuple[tuple[Part, ...], float]:
+        key = (layer, forward, accumulating)
         if key not in self._templates:
             assert self.tp_time is not None  # fused passes need fixed-time TP collectives
             timer = PartTimer(self.tp_time)
@@ -173,17 +197,17 @@ class LayerKernels:
                 )
             else:
                 if passes.replay:
-                    end = self.run_ops(
-                        timer,
-                        layer,
-                        passes.replay,
-                        True,
-                        Category.RECOMPUTE,
-                        [end],
-                        f"{layer.name}.re",
-                    )
+                    replay, name = passes.replay, f"{layer.name}.re"
+                    end = self.run_ops(timer, layer, replay, True, Category.RECOMPUTE, [end], name)
                 end = self.run_ops(
-                    timer, layer, passes.backward, False, Category.BACKWARD, [end], layer.name
+                    timer,
+                    layer,
+                    passes.backward,
+                    False,
+                    Category.BACKWARD,
+                    [end],
+                    layer.name,
+                    accumulating=accumulating,
                 )
             self._templates[key] = (tuple(timer.parts), end)
         return self._templates[key]
