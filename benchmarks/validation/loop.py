@@ -1,7 +1,7 @@
 """The whole local loop, on demand (`make validate`): for each layout, calibrate its profile from
 microbenchmarks, then validate ZeRO stages 0-3 against real DeepSpeed runs with it (each case
 the median of 3 launches; on 1x2 also a small GPT, data parallel and Megatron-style tp 2, and
-DeepSpeed's PipelineEngine at pp 2, PyTorch FSDP2; on emulated 2x2 also ZeRO-3 with
+DeepSpeed's PipelineEngine at pp 2, PyTorch FSDP2 (also on 1x4); on emulated 2x2 also ZeRO-3 with
 ZeRO++'s hpZ and FSDP2 with hybrid sharding), then write the tables of README.md here and exit
 non-zero when the MAPE over every case exceeds 10 %.
 
@@ -86,7 +86,16 @@ LAYOUTS = {
     "1x4": Layout(
         "cpu-4rank",
         ("--nproc", "4", "--model", MODEL, "--micro-batches", "4"),
-        (Validation("cpu-1x4", ("--topology", "1x4-cpu", "--steps", "8")),),
+        (
+            Validation("cpu-1x4", ("--topology", "1x4-cpu", "--steps", "8")),
+            Validation(  # PyTorch FSDP2 on 4 ranks of one host
+                "cpu-1x4-fsdp",
+                (
+                    *("--topology", "1x4-cpu", "--steps", "8", "--engine", "fsdp"),
+                    *("--sharding", "full,grad-op", "--grad-accum", "2"),
+                ),
+            ),
+        ),
     ),
     "1x4-gpt": Layout(  # tp 2 x dp 2: Megatron's TP groups inside DeepSpeed's ZeRO
         "cpu-4rank-gpt",
