@@ -1,6 +1,7 @@
 """The seeds' question 2 with ZeRO++: ZeRO-3 on one 8-GPU NVLink node against two 4-GPU nodes
 over 100 Gb Ethernet, plain and with hpZ (a secondary partition over each node), qwZ (int8
-gathers) and both, at 1 and 4 micro-batches per step.
+gathers), both, qgZ (int4 gradients by all-to-alls) and all three, at 1 and 4 micro-batches
+per step.
 
     python benchmarks/bench_zero_plus_plus.py [--no-write]
 
@@ -29,6 +30,12 @@ VARIANTS = {
     "hpZ 4": {"hpz_partition_size": 4},
     "qwZ": {"quantized_weights": True},
     "hpZ 4 + qwZ": {"hpz_partition_size": 4, "quantized_weights": True},
+    "qgZ": {"quantized_gradients": True},
+    "hpZ 4 + qwZ + qgZ": {
+        "hpz_partition_size": 4,
+        "quantized_weights": True,
+        "quantized_gradients": True,
+    },
 }
 
 

@@ -116,7 +116,6 @@ def test_the_emitted_zero_plus_plus_keys_are_deepspeeds():
     ("key", "value", "said"),
     [
         ("mics_shard_size", 8, "DeepSpeed 0.19.8 removed MiCS"),
-        ("zero_quantized_gradients", True, "not simulated yet"),
     ],
 )
 def test_keys_zsim_does_not_simulate_are_refused_in_one_line(

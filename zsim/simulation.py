@@ -119,6 +119,22 @@ def check_stragglers(stragglers: Mapping[int, float], world: int, full: bool) ->
         require(1.0 <= factor < float("inf"), "straggler", factor, "a slowdown factor >= 1")
 
 
+def _dp_block(parallel: ParallelConfig, node_gpus: int) -> int:
+    """The consecutive data-parallel ranks the engine groups: hpZ's or FSDP's hybrid shard,
+    or qgZ's node (DeepSpeed groups it by `device_count()`, so an hpZ group beside it must be
+    the node too for one block to serve both)."""
+    block = parallel.dp_block
+    if not parallel.qgz_nodes(node_gpus):
+        return block
+    require(
+        block in (1, node_gpus),
+        "zero_hpz_partition_size",
+        block,
+        f"1 or the {node_gpus} GPUs of a node with qgZ (zsim groups both by one block)",
+    )
+    return node_gpus
+
+
 def simulate(
     model: ModelSpec,
     parallel: ParallelConfig,
@@ -147,14 +163,14 @@ def simulate(
     topology = apply_profile(topology, device)  # a calibrated profile's links and call latency
     grid = RankGrid(dp=parallel.dp, pp=parallel.pp, tp=parallel.tp)
     gloo = topology.fabric.backend is Backend.GLOO
-    env = simpy.Environment()
-    comms = Communicator(env, topology)
+    comms = Communicator(simpy.Environment(), topology)
     # a straggler's passes are not the template's: no fused passes then
     tp_time = None if stragglers else tp_fixed_time(grid, comms)
+    node = topology.gpus_per_node
     programs = [
-        build_program(model, parallel, device, s, gloo, tp_time) for s in range(parallel.pp)
+        build_program(model, parallel, device, s, gloo, tp_time, node) for s in range(parallel.pp)
     ]
-    block = parallel.dp_block
+    block = _dp_block(parallel, node)
     result = Engine(programs, grid, comms, full=full, slowdown=stragglers, block=block).run()
     step = result.end_s
     times = _rank_times(result, {*(grid.rank(0, s, 0) for s in range(parallel.pp)), *slow})

@@ -82,6 +82,12 @@ def _add_parallel_flags(p: argparse.ArgumentParser, stage: bool = True) -> None:
         default=None,
         help="qwZ: parameter all-gathers in int8 with fp32 scales",
     )
+    z.add_argument(
+        "--quantized-gradients",
+        action="store_true",
+        default=None,
+        help="qgZ: gradients averaged in int4 by all-to-alls within, then across the nodes",
+    )
 
 
 def _add_megatron_flags(g: Any) -> None:
@@ -172,6 +178,7 @@ def _parallel_from(
             "overlap_comm",
             "hpz_partition_size",
             "quantized_weights",
+            "quantized_gradients",
         )
     }
     hidden = model.hidden if model.kind is not ModelKind.PARAMS_ONLY else None

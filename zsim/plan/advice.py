@@ -92,9 +92,11 @@ def stage_rule(
     model: ModelSpec, device: DeviceProfile, estimator: Estimator, best: Candidate
 ) -> str:
     """The seeds' rule for the winner's layout: each plain ZeRO stage's memory without offload
-    (nor ZeRO++'s hpZ copy or qwZ: the seeds' stages), the first that fits, and what ZeRO-3
+    (nor ZeRO++: the seeds' stages), the first that fits, and what ZeRO-3
     would cost in data-parallel traffic for how much more headroom."""
-    plain = replace(best.cfg.knobs, hpz_partition_size=1, quantized_weights=False)
+    plain = replace(
+        best.cfg.knobs, hpz_partition_size=1, quantized_weights=False, quantized_gradients=False
+    )
     cfg = replace(  # the seeds' stages, as DeepSpeed runs them
         best.cfg,
         offload=Offload.NONE,

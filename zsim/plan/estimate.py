@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass
+from functools import partial
 
 import simpy
 
@@ -32,6 +33,7 @@ from zsim.memory import stage_params
 from zsim.network.collective import CollectiveCall, CollectiveOp
 from zsim.network.communicator import Communicator, simulate_s
 from zsim.plan.fsdp_terms import FsdpGroups, fsdp_groups, fsdp_terms
+from zsim.plan.qgz_terms import qgz_terms
 from zsim.plan.zero3_terms import GatherSums, zero3_terms
 from zsim.step import fsdp
 from zsim.step.job import StageJob
@@ -98,6 +100,7 @@ class Estimator:
         self._gathered = GatherSums(model)
         self._units: dict[tuple[int, int, int], list[fsdp.Unit]] = {}  # by (tp, stage, pp)
         self._fsdp_groups: dict[tuple[int, int], FsdpGroups] = {}  # by (h, id(dp group))
+        self._averaged: dict[tuple[object, ...], tuple[float, float]] = {}  # qgZ, by DP group
 
     # ---- pieces ----
 
@@ -296,9 +299,9 @@ class Estimator:
             later = group if h <= 1 else self._kept(("hpz", h, id(group)), group[:h])
             groups, passes = (group, later), (forward, backward)
             sizes = (float(params), float(padded))
-            gathered = self._gathered.of(cfg, stage)
+            gathered, averaged = self._gathered.of(cfg, stage), self._qgz(cfg, group)
             exposed, sent = zero3_terms(
-                cfg, self.device, collective, groups, sizes, gathered, passes
+                cfg, self.device, collective, groups, sizes, gathered, passes, averaged
             )
         elif n > 1:
             exposed = self._reduce(cfg, group, params, backward)
@@ -330,6 +333,15 @@ class Estimator:
 
         return fsdp_terms(cfg, self.device, collective, (shard, replicas), self._units[key], passes)
 
+    def _qgz(self, cfg: ParallelConfig, group: tuple[int, ...]) -> tuple[float, float] | None:
+        """qgZ's averaging of the rank's gradients (data parallelism only: one stage)."""
+        node, key = self.topology.gpus_per_node, ("qgz", id(group), cfg.precision)
+        if cfg.qgz_nodes(node) and key not in self._averaged:
+            job = StageJob.of(self.model, cfg, self.device, 0, self.gloo, node)
+            terms = partial(qgz_terms, job, self.device, self.collective_s)
+            self._averaged[key] = terms(self._beside[id(group)], group, self._kept)
+        return self._averaged.get(key) if cfg.qgz_nodes(node) else None
+
     def _dp_group(self, grid: RankGrid, stage: int) -> tuple[int, ...]:
         """The first pipeline stage's data-parallel group stands for every stage's: their
         groups are alike (one node's GPUs, the next node's, ...), and their collectives'
@@ -354,21 +366,15 @@ class Estimator:
         self, cfg: ParallelConfig, group: tuple[int, ...], params: int, backward: float
     ) -> float:
         """ZeRO 0-2's gradient all-reduces, in their buckets, and what they leave exposed."""
-        bucket = (
-            STAGE0_ALLREDUCE_BUCKET_NUMEL
-            if cfg.zero_stage is ZeroStage.NONE
-            else cfg.knobs.reduce_bucket_size
-        )
+        stage0 = cfg.zero_stage is ZeroStage.NONE
+        bucket = STAGE0_ALLREDUCE_BUCKET_NUMEL if stage0 else cfg.knobs.reduce_bucket_size
         calls = max(1, math.ceil(params / bucket))
         key = ("reduce", id(group), calls, params, cfg.precision)
         if key not in self._flops:  # the buckets' all-reduces and their copies
-            d = cfg.precision.bytes
-            line = self.collective_s(
-                CollectiveOp.ALL_REDUCE, params / calls * d, group, self._beside[id(group)]
-            )
-            self._flops[key] = calls * line + self.device.copy_time_s(
-                3 * d * params, str(cfg.precision)
-            )
+            d, peers = cfg.precision.bytes, self._beside[id(group)]
+            line = self.collective_s(CollectiveOp.ALL_REDUCE, params / calls * d, group, peers)
+            copies = self.device.copy_time_s(3 * d * params, str(cfg.precision))
+            self._flops[key] = calls * line + copies
         reduce = self._flops[key]
         every_micro_batch = cfg.zero_stage is ZeroStage.GRADIENTS
         hidden = backward if cfg.overlap_comm and cfg.zero_stage is not ZeroStage.NONE else 0.0

@@ -123,15 +123,18 @@ def layouts(
 def _zero_plus_plus(
     cfg: ParallelConfig, gpus_per_node: int, space: Space
 ) -> Iterator[ParallelConfig]:
-    """ZeRO-3's ZeRO++ variants: qwZ, and across nodes hpZ over a node, alone and with qwZ
-    (DeepSpeed builds hpZ groups from global ranks: data parallelism only)."""
+    """ZeRO-3's ZeRO++ variants: qwZ, and across nodes hpZ over a node, alone and with qwZ,
+    qgZ alone and all three (DeepSpeed builds hpZ and qgZ groups from global ranks: data
+    parallelism only)."""
     if not space.zero_plus_plus or cfg.zero_stage is not ZeroStage.PARAMETERS or cfg.dp == 1:
         return
     k, nodes = cfg.knobs, cfg.dp > gpus_per_node and cfg.dp % gpus_per_node == 0
     choices = [replace(k, quantized_weights=True)]
     if cfg.tp == cfg.pp == 1 and nodes:
         hpz = replace(k, hpz_partition_size=gpus_per_node)
-        choices += [hpz, replace(hpz, quantized_weights=True)]
+        qgz = replace(k, quantized_gradients=True)
+        choices += [hpz, replace(hpz, quantized_weights=True), qgz]
+        choices += [replace(hpz, quantized_weights=True, quantized_gradients=True)]
     for knobs in choices:
         yield replace(cfg, knobs=knobs)
 

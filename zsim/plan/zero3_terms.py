@@ -47,13 +47,15 @@ def zero3_terms(
     sizes: tuple[float, float],
     gathered: Gathered,
     passes: tuple[float, float],
+    averaged: tuple[float, float] | None = None,
 ) -> tuple[float, float]:
     """(exposed seconds, bytes one GPU sends) of a step's ZeRO-3 collectives: `groups` are the
     data-parallel group and the one later gathers use (itself without hpZ); `sizes` the rank's
     parameters and their padded count (what the reduce-scatters take); `gathered` what a
     micro-step's forward and backward gather (DeepSpeed's coordinator, replayed: a model
     within `stage3_max_reuse_distance` stays gathered into its backward); `passes` a
-    micro-step's forward and backward."""
+    micro-step's forward and backward; `averaged` the (seconds, bytes sent) of a micro-step's
+    gradient averaging where it is not the reduce-scatters (qgZ: `zsim.plan.qgz_terms`)."""
     (forward, backward), (params, padded), ahead = passes, sizes, gathered.forward
     d, m = cfg.precision.bytes, cfg.grad_accum
     dtype, quantized = str(cfg.precision), cfg.knobs.quantized_weights
@@ -81,6 +83,9 @@ def zero3_terms(
     scatter = collective_s(CollectiveOp.REDUCE_SCATTER, padded * d, everyone)
     # the buckets' copies run beside the reduce-scatters, on the reduction stream
     scatter += device.copy_time_s(4 * d * params, dtype)
+    scattered = (n - 1) / n * padded * d
+    if averaged is not None:
+        scatter, scattered = averaged
     # beyond the backward they overlap, and the last bucket's reduce-scatter in any case: the
     # backward ends by waiting for it (stage3.py synchronizes the device there)
     buckets = max(1, math.ceil(params / cfg.knobs.reduce_bucket_size))
@@ -89,7 +94,7 @@ def zero3_terms(
     exposed = first + tail + (m - 1) * (again_wait + max(0.0, again_s - forward) + tail)
     if quantized:  # each gather's dequantize, on the compute stream
         exposed += m * device.copy_time_s(1.5 * (ahead + behind), dtype)
-    sent = first_b + (m - 1) * again_b + m * (back_b + (n - 1) / n * padded * d)
+    sent = first_b + (m - 1) * again_b + m * (back_b + scattered)
     return exposed, sent
 
 

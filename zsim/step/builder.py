@@ -151,14 +151,16 @@ def build_program(
     stage: int,
     gloo: bool = False,
     tp_time: Callable[[Comm], float] | None = None,
+    node_gpus: int = 1,
 ) -> Program:
     """The program of every rank of pipeline stage `stage` (they are identical).
 
     `gloo`: the CPU backend, where DeepSpeed's streams are no-ops and its calls block.
     `tp_time`: when tensor-parallel collectives take a fixed time (their links carry nothing
     else), passes without other communication are fused into one task each.
+    `node_gpus`: the GPUs of a node (ZeRO++'s qgZ groups by them).
     """
-    job = StageJob.of(model, cfg, device, stage, gloo)
+    job = StageJob.of(model, cfg, device, stage, gloo, node_gpus)
     writer = ProgramWriter(stage, device, job.dtype, gloo)
     passes = _Passes(job, writer, tp_time)
     if cfg.pp > 1 and cfg.pipeline_engine is PipelineEngine.DEEPSPEED:

@@ -27,6 +27,9 @@ from zsim.step.spans import EngineResult, FusedPass, Span
 from zsim.step.traffic import Traffic
 
 _SendCalls = tuple[CollectiveCall, list[CollectiveCall]]  # a send and its replicas' sends
+# groups of `block` consecutive data-parallel ranks, and those of the ranks `block` apart
+_BLOCKS = (Group.HPZ, Group.SHARD, Group.NODE)
+_STRIDES = (Group.REPLICA, Group.ACROSS)
 
 
 @dataclass
@@ -52,7 +55,8 @@ class Engine:
         self.grid = grid
         self.v = virtual_stages
         self.full = full
-        # consecutive data-parallel ranks: ZeRO++'s secondary partition, FSDP's hybrid shard
+        # consecutive data-parallel ranks: ZeRO++'s secondary partition or qgZ's node, FSDP's
+        # hybrid shard
         self.block = max(1, block)
         self.spans: list[Span] = []
         self.passes: list[FusedPass] = []
@@ -107,10 +111,10 @@ class Engine:
             return tuple(g.rank(d, pp_i, tp_i) for d in range(g.dp))
         if group is Group.EMBEDDING:
             return (g.rank(dp_i, 0, tp_i), g.rank(dp_i, g.pp - 1, tp_i))
-        if group in (Group.HPZ, Group.SHARD):
+        if group in _BLOCKS:
             first = dp_i - dp_i % self.block
             return tuple(g.rank(d, pp_i, tp_i) for d in range(first, first + self.block))
-        if group is Group.REPLICA:
+        if group in _STRIDES:
             return tuple(g.rank(d, pp_i, tp_i) for d in range(dp_i % self.block, g.dp, self.block))
         return tuple(g.rank(dp_i, p, tp_i) for p in range(g.pp))
 
@@ -142,9 +146,9 @@ class Engine:
         _, pp_i, _ = self.coords(rank)
         kind = {Group.TP: GroupKind.TP, Group.DP: GroupKind.DP}.get(group)
         mine = self.group_of(rank, group)
-        if group in (Group.HPZ, Group.SHARD, Group.REPLICA):  # blocks and their strides
+        if group in _BLOCKS or group in _STRIDES:
             g = self.grid
-            firsts = range(0, g.dp, self.block) if group is not Group.REPLICA else range(self.block)
+            firsts = range(self.block) if group in _STRIDES else range(0, g.dp, self.block)
             pairs = itertools.product(firsts, range(g.tp))
             blocks = [self.group_of(g.rank(d, pp_i, t), group) for d, t in pairs]
             return [grp for grp in blocks if grp != mine]

@@ -23,6 +23,7 @@ class StageJob:
     """One rank of pipeline stage `stage`: its model chunks (virtual stages c * pp + stage).
 
     `gloo`: the CPU backend, where DeepSpeed's streams are no-ops and its calls block.
+    `node_gpus`: the GPUs of a node (DeepSpeed's `device_count()`, qgZ's first all-to-all).
     """
 
     model: ModelSpec
@@ -31,12 +32,25 @@ class StageJob:
     stage: int
     gloo: bool
     chunks: tuple[tuple[Layer, ...], ...]
+    node_gpus: int = 1
 
     @classmethod
     def of(
-        cls, model: ModelSpec, cfg: ParallelConfig, device: DeviceProfile, stage: int, gloo: bool
+        cls,
+        model: ModelSpec,
+        cfg: ParallelConfig,
+        device: DeviceProfile,
+        stage: int,
+        gloo: bool,
+        node_gpus: int = 1,
     ) -> StageJob:
-        return cls(model, cfg, device, stage, gloo, tuple(rank_chunks(model, cfg, stage)))
+        chunks = tuple(rank_chunks(model, cfg, stage))
+        return cls(model, cfg, device, stage, gloo, chunks, node_gpus)
+
+    @property
+    def qgz_nodes(self) -> int:
+        """The nodes qgZ averages gradients across (0: it does not act)."""
+        return self.cfg.qgz_nodes(self.node_gpus)
 
     @property
     def dtype(self) -> str:

@@ -52,6 +52,8 @@ class Group(StrEnum):
     HPZ = "hpz"  # ZeRO++'s secondary partition: consecutive data-parallel ranks (hpZ)
     SHARD = "shard"  # FSDP's hybrid mesh: the consecutive data-parallel ranks that shard
     REPLICA = "replica"  # ... and the ranks across them that hold the same shard
+    NODE = "node"  # ZeRO++'s qgZ: the GPUs of one node (DeepSpeed's `local_<node>` group)
+    ACROSS = "across"  # ... and the same GPU of every node (its `global_<gpu>` group)
 
 
 @dataclass(frozen=True)

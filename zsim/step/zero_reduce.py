@@ -23,7 +23,8 @@ from typing import Protocol
 from zsim.network.collective import CollectiveOp
 from zsim.step.job import StageJob
 from zsim.step.program import Category, Comm, Group, ProgramWriter, Stream, Task
-from zsim.workload.model import Layer, LayerKind
+from zsim.step.qgz import quantized_average, quantizes
+from zsim.workload.model import Layer, LayerKind, ParamTensor
 from zsim.workload.parallel import STAGE0_ALLREDUCE_BUCKET_NUMEL, ZeroStage
 
 MAX_PARAM_REDUCE_EVENTS = 2
@@ -47,6 +48,7 @@ class _Bucket:
 
     numel: int = 0
     ready: list[Task] = field(default_factory=list)
+    tensors: list[ParamTensor] = field(default_factory=list)  # in the order they came
 
 
 class GradientReducer:
@@ -95,6 +97,7 @@ class GradientReducer:
             if self._bucket.numel and self._bucket.numel + numel > size:
                 self.flush()
             self._bucket.numel += numel
+            self._bucket.tensors.append(tensor)
             self._bucket.ready = [done]
             if numel > size:
                 self.flush()
@@ -106,8 +109,8 @@ class GradientReducer:
         if not self._bucket.numel:
             return
         job, cfg, writer = self.job, self.job.cfg, self.writer
-        numel, ready = self._bucket.numel, [*self._bucket.ready, *deps]
-        self._bucket = _Bucket()
+        bucket, self._bucket = self._bucket, _Bucket()
+        numel, ready, tensors = bucket.numel, [*bucket.ready, *deps], bucket.tensors
         throttled = self._throttled()
         if throttled and len(self._flushes) > MAX_PARAM_REDUCE_EVENTS:
             oldest = self._flushes[-(MAX_PARAM_REDUCE_EVENTS + 1)]
@@ -124,42 +127,34 @@ class GradientReducer:
             and not job.gloo
         ):
             comm_stream = Stream.GATHER  # ProcessGroupNCCL: one NCCL stream per group, device
-        d = job.element_bytes
-        if cfg.zero_stage is ZeroStage.PARAMETERS:
-            calls = [Comm(CollectiveOp.REDUCE_SCATTER, job.padded(numel) * d, Group.DP)]
-        elif cfg.knobs.use_multi_rank_bucket_allreduce or not cfg.knobs.reduce_scatter:
-            calls = [Comm(CollectiveOp.ALL_REDUCE, numel * d, Group.DP)]
-        else:
-            share = numel / cfg.dp * d
-            calls = [Comm(CollectiveOp.REDUCE, share, Group.DP, root=r) for r in range(cfg.dp)]
         work_stream = Stream.COMPUTE if job.gloo else stream
-        before, after = self.bucket_passes(numel)
+        before, after = bucket_passes(job, tensors)
         ready = [writer.memory_pass("bucket_prepare", before, ready, work_stream)]
-        for comm in calls:
-            self._last = writer.comm("grad_reduce", comm, Category.GRAD_REDUCE, ready, comm_stream)
-            ready = [self._last]
+        if job.qgz_nodes:
+            streams = (work_stream, comm_stream)
+            ready = [quantized_average(job, writer, tensors, ready, streams)]
+        for comm in self._calls(numel):
+            ready = [writer.comm("grad_reduce", comm, Category.GRAD_REDUCE, ready, comm_stream)]
         self._last = writer.memory_pass("bucket_scatter", after, ready, work_stream)
         if throttled:
             self._flushes.append(self._last)
+
+    def _calls(self, numel: int) -> list[Comm]:
+        """The bucket's collectives (none where qgZ averages it tensor by tensor)."""
+        job, cfg, d = self.job, self.job.cfg, self.job.element_bytes
+        if cfg.zero_stage is ZeroStage.PARAMETERS:
+            if job.qgz_nodes:
+                return []
+            return [Comm(CollectiveOp.REDUCE_SCATTER, job.padded(numel) * d, Group.DP)]
+        if cfg.knobs.use_multi_rank_bucket_allreduce or not cfg.knobs.reduce_scatter:
+            return [Comm(CollectiveOp.ALL_REDUCE, numel * d, Group.DP)]
+        share = numel / cfg.dp * d
+        return [Comm(CollectiveOp.REDUCE, share, Group.DP, root=r) for r in range(cfg.dp)]
 
     def _throttled(self) -> bool:
         """ZeRO-3 on CUDA with overlap_comm records an event per flush and throttles on them."""
         cfg = self.job.cfg
         return cfg.zero_stage is ZeroStage.PARAMETERS and cfg.overlap_comm and not self.job.gloo
-
-    def bucket_passes(self, numel: float) -> tuple[float, float]:
-        """Bytes DeepSpeed copies around one bucket's reduction, before and after it.
-
-        Counted from a torch.profiler trace of DeepSpeed 0.19 on CPU (calls and shapes):
-        stages 1-2 copy each gradient into the IPG bucket, divide it by dp in place and
-        flatten its partition slices (`average_tensor`, `allreduce_and_scatter`), then copy
-        this rank's slices out to its gradient partition; stage 3 copies into the bucket,
-        interleaves the ranks' chunks (`reduce_scatter_coalesced`) and divides, then adds its
-        chunk to the gradient partition (gloo's own clone and chunk copy are in the
-        collective's plan).
-        """
-        b, n, dp = self.job.element_bytes, numel, self.job.cfg.dp
-        return 3 * b * n, b * n / dp
 
     def boundary_reduce(self, deps: list[Task]) -> list[Task]:
         """Reductions after the last backward, in parameter (forward) order: stage 0's
@@ -187,3 +182,26 @@ class GradientReducer:
                 last = [writer.memory_pass("unflatten_and_scale", 2 * d * numel, last)]
                 numel = 0
         return last
+
+
+def bucket_passes(job: StageJob, tensors: Sequence[ParamTensor]) -> tuple[float, float]:
+    """Bytes DeepSpeed copies around one bucket's reduction, before and after it.
+
+    Counted from a torch.profiler trace of DeepSpeed 0.19 on CPU (calls and shapes):
+    stages 1-2 copy each gradient into the IPG bucket, divide it by dp in place and
+    flatten its partition slices (`average_tensor`, `allreduce_and_scatter`), then copy
+    this rank's slices out to its gradient partition; stage 3 copies into the bucket,
+    interleaves the ranks' chunks (`reduce_scatter_coalesced`) and divides, then adds its
+    chunk to the gradient partition (gloo's own clone and chunk copy are in the
+    collective's plan). With qgZ (`zsim.step.qgz`) a quantized tensor is only copied
+    into the bucket, and one reduce-scattered alone is divided in place, interleaved
+    (`torch.cat`) only where its size does not divide by the world.
+    """
+    b = job.element_bytes
+    n = sum(t.per_rank(job.cfg.tp) for t in tensors)
+    if not job.qgz_nodes:
+        return 3 * b * n, b * n / job.cfg.dp
+    world = job.cfg.world_size
+    alone = [t.numel for t in tensors if not quantizes(t, world)]
+    interleaved = sum(x for x in alone if x % world)
+    return b * (n + sum(alone) + interleaved), b * n / job.cfg.dp

@@ -29,11 +29,13 @@ _KNOB_KEYS = {
     "stage3_max_reuse_distance": "max_reuse_distance",
     "zero_hpz_partition_size": "hpz_partition_size",
     "zero_quantized_weights": "quantized_weights",
+    "zero_quantized_gradients": "quantized_gradients",
 }
 
 
 _BOOL_KNOBS = (
     "quantized_weights",
+    "quantized_gradients",
     "overlap_comm",
     "contiguous_gradients",
     "reduce_scatter",
@@ -80,8 +82,7 @@ def _offload(zero: dict[str, Any]) -> Offload:
 
 
 def _check_unmodelled(zero: dict[str, Any]) -> None:
-    """Keys DeepSpeed 0.19.8 no longer takes, or that zsim cannot yet simulate: refused
-    rather than ignored."""
+    """Keys DeepSpeed 0.19.8 no longer takes: refused rather than ignored."""
     for key in ("mics_shard_size", "mics_hierarchical_params_gather"):
         require(
             key not in zero,
@@ -89,12 +90,6 @@ def _check_unmodelled(zero: dict[str, Any]) -> None:
             zero.get(key),
             "absent: DeepSpeed 0.19.8 removed MiCS (runtime/config.py rejects the key)",
         )
-    require(
-        not zero.get("zero_quantized_gradients"),
-        "zero_optimization.zero_quantized_gradients",
-        zero.get("zero_quantized_gradients"),
-        "false: ZeRO++'s quantized gradients (qgZ) are not simulated yet",
-    )
 
 
 def _knobs(zero: dict[str, Any]) -> ZeroKnobs:
@@ -212,6 +207,8 @@ def to_ds_config(cfg: ParallelConfig) -> dict[str, Any]:
             zero["zero_hpz_partition_size"] = k.hpz_partition_size
         if k.quantized_weights:
             zero["zero_quantized_weights"] = True
+        if k.quantized_gradients:
+            zero["zero_quantized_gradients"] = True
     if cfg.offload is not Offload.NONE:
         zero["offload_optimizer"] = {"device": "cpu"}
     if cfg.offload is Offload.OPTIMIZER_PARAMS:

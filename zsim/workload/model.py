@@ -40,11 +40,13 @@ class OpKind(StrEnum):
 
 @dataclass(frozen=True)
 class ParamTensor:
-    """One parameter tensor; `tp_sharded` tensors are split across tensor-parallel ranks."""
+    """One parameter tensor; `tp_sharded` tensors are split across tensor-parallel ranks.
+    `shape`: a matrix's (rows, columns) as torch holds it, unsharded; () for a vector."""
 
     name: str
     numel: int
     tp_sharded: bool
+    shape: tuple[int, ...] = ()
 
     def per_rank(self, tp: int) -> int:
         """Elements one tensor-parallel rank holds (sharded tensors rounded up)."""
@@ -149,7 +151,7 @@ class ModelSpec:
 
     def _linear_layer(self, i: int) -> Layer:
         h = self.hidden
-        tensors = [ParamTensor("linear.weight", h * h, True)]
+        tensors = [ParamTensor("linear.weight", h * h, True, (h, h))]
         if self.bias:
             tensors.append(ParamTensor("linear.bias", h, True))
         return Layer(f"linear{i}", LayerKind.LINEAR, tuple(tensors))
@@ -163,7 +165,7 @@ class ModelSpec:
 
     def _dense(self, name: str, n_in: int, n_out: int, bias_sharded: bool) -> list[ParamTensor]:
         """A Megatron linear: column-parallel biases are sharded, row-parallel biases are not."""
-        tensors = [ParamTensor(f"{name}.weight", n_in * n_out, True)]
+        tensors = [ParamTensor(f"{name}.weight", n_in * n_out, True, (n_out, n_in))]
         if self.bias:
             tensors.append(ParamTensor(f"{name}.bias", n_out, bias_sharded))
         return tensors
@@ -182,15 +184,17 @@ class ModelSpec:
         return Layer(f"block{i}", LayerKind.BLOCK, tuple(tensors))
 
     def _embedding(self) -> Layer:
-        tensors = [ParamTensor("wte.weight", self.vocab * self.hidden, True)]
+        v, h, s = self.vocab, self.hidden, self.seq_len
+        tensors = [ParamTensor("wte.weight", v * h, True, (v, h))]
         if self.learned_positions:
-            tensors.append(ParamTensor("wpe.weight", self.seq_len * self.hidden, False))
+            tensors.append(ParamTensor("wpe.weight", s * h, False, (s, h)))
         return Layer("embedding", LayerKind.EMBEDDING, tuple(tensors))
 
     def _head(self) -> Layer:
         tensors = self._norm("ln_f")
         if not self.tied_embeddings:
-            tensors.append(ParamTensor("lm_head.weight", self.vocab * self.hidden, True))
+            shape = (self.vocab, self.hidden)
+            tensors.append(ParamTensor("lm_head.weight", self.vocab * self.hidden, True, shape))
         return Layer("head", LayerKind.HEAD, tuple(tensors))
 
 

@@ -12,6 +12,7 @@ from enum import IntEnum, StrEnum
 from typing import Any
 
 from zsim.errors import InputError, positive_int, require
+from zsim.workload import zero_plus_plus as zpp
 from zsim.workload.mechanisms import Mechanism, parse_mechanisms
 from zsim.workload.sharding import FsdpSharding, check_fsdp, shard_ranks
 
@@ -102,9 +103,11 @@ class ZeroKnobs:
     max_live_parameters: int = 1_000_000_000
     max_reuse_distance: int = 1_000_000_000
     # ZeRO++ (Wang et al. 2023; DeepSpeed 0.19 zero/config.py): the secondary partition of
-    # parameters over consecutive groups of this many ranks (hpZ), int8 parameter gathers (qwZ)
+    # parameters over consecutive groups of this many ranks (hpZ), int8 parameter gathers (qwZ),
+    # int4 gradients averaged by all-to-alls within and then across nodes (qgZ)
     hpz_partition_size: int = 1
     quantized_weights: bool = False
+    quantized_gradients: bool = False
 
     def __post_init__(self) -> None:
         # DeepSpeed takes 0 for the stage-3 knobs (no prefetch, nothing persistent or kept
@@ -216,7 +219,7 @@ class ParallelConfig:
             self.virtual_stages,
             "1 unless --pp-schedule interleaved",
         )
-        self._check_zero_plus_plus()
+        zpp.check(self)
         self._check_megatron()
         check_fsdp(self)
         require(  # Megatron: "number of microbatches is not divisible by pipeline-parallel size"
@@ -267,32 +270,14 @@ class ParallelConfig:
             "ZeRO-1 (the distributed optimizer) with --overlap-comm (--overlap-grad-reduce)",
         )
 
-    def _check_zero_plus_plus(self) -> None:
-        """ZeRO++'s rules in DeepSpeed 0.19 (its knobs act in ZeRO-3 only, as there): hpZ
-        groups are consecutive global ranks that must divide the world (utils/groups.py) and
-        stand for data-parallel ranks (partition_parameters.py counts dp / h of them), so no
-        model parallelism with it."""
-        h = self.knobs.hpz_partition_size
-        if h <= 1 or self.zero_stage is not ZeroStage.PARAMETERS:
-            return
-        divides = self.dp % h == 0
-        require(divides, "zero_hpz_partition_size", h, f"a divisor of dp={self.dp}")
-        require(
-            self.tp == self.pp == 1,
-            "zero_hpz_partition_size",
-            h,
-            "1 with tp or pp > 1 (DeepSpeed builds hpZ groups from global ranks as if all were "
-            "data-parallel)",
-        )
-
     @property
     def zero_plus_plus(self) -> str:
         """ZeRO++'s parts that act in this layout, in the paper's names ("" for none)."""
-        if self.zero_stage is not ZeroStage.PARAMETERS:
-            return ""
-        k = self.knobs
-        parts = [f"hpZ {k.hpz_partition_size}"] if k.hpz_partition_size > 1 else []
-        return ", ".join(parts + (["qwZ"] if k.quantized_weights else []))
+        return zpp.parts(self)
+
+    def qgz_nodes(self, node_gpus: int) -> int:
+        """The nodes qgZ averages gradients across, on nodes of `node_gpus` GPUs (0: none)."""
+        return zpp.qgz_nodes(self, node_gpus)
 
     @property
     def shard_ranks(self) -> int:

@@ -97,6 +97,8 @@ def check_fsdp(cfg: _Layout) -> None:
     k = cfg.knobs
     zpp = k.hpz_partition_size <= 1 and not k.quantized_weights
     require(zpp, "zero_hpz_partition_size", k.hpz_partition_size, "off (ZeRO++) with fsdp")
+    off = "false with fsdp (ZeRO++ is DeepSpeed's)"
+    require(not k.quantized_gradients, "zero_quantized_gradients", True, off)
     if cfg.fsdp_sharding is not FsdpSharding.HYBRID:
         allowed = "0 (the data-parallel group) unless --sharding hybrid"
         require(size in (0, cfg.dp), "fsdp_shard_size", size, allowed)
