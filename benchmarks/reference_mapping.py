@@ -173,8 +173,6 @@ def model_of(row: dict[str, str], fw: str, assumed: list[str], notes: list[str])
 
 def zero_stage(row: dict[str, str], fw: str, assumed: list[str]) -> ZeroStage:
     z = text(row, "zero_stage_or_sharding")
-    if "zero++" in z or "hpz" in z:
-        raise Skip("ZeRO++ (hpZ/qwZ/qgZ) is not modelled")
     if "full_shard" in z or "fully_shard" in z or "zero-3" in z:
         return ZeroStage.PARAMETERS
     if "shard_grad_op" in z or "zero-2" in z:
@@ -319,6 +317,20 @@ def block_params(model: ModelSpec, tp: int) -> int:
     return next(x.params(tp) for x in model.layer_list() if str(x.kind) == "block")
 
 
+def zero_plus_plus(row: dict[str, str]) -> dict[str, Any]:
+    """ZeRO++'s parts as the row names them ("ZeRO++ (qwZ+hpZ(16)+qgZ)": DeepSpeed's
+    zero_quantized_weights, zero_hpz_partition_size, zero_quantized_gradients)."""
+    named = text(row, "system_framework") + " " + text(row, "zero_stage_or_sharding")
+    if "zero++" not in named:
+        return {}
+    hpz = re.search(r"hpz(?: partition)?[ (]*(\d+)", named)
+    return {
+        "quantized_weights": "qwz" in named,
+        "quantized_gradients": "qgz" in named,
+        "hpz_partition_size": int(hpz.group(1)) if hpz else 1,
+    }
+
+
 def _engines(
     fw: str, stage: ZeroStage, model: ModelSpec, tp: int, assumed: list[str]
 ) -> dict[str, Any]:
@@ -358,6 +370,7 @@ def map_row(row: dict[str, str], file: str) -> Case:
         notes.append(f"{model.layers} layers over pp*v={pp * vpp}: the first stages one more")
     stage = zero_stage(row, fw, assumed)
     engines = _engines(fw, stage, model, tp, assumed)
+    engines["knobs"] = replace(engines["knobs"], **zero_plus_plus(row))
     seq_par = text(row, "sequence_parallel") in ("yes", "true", "1")
     if fw == "mcore" and tp > 1 and not row.get("sequence_parallel"):
         seq_par = True
