@@ -10,19 +10,17 @@ import re
 import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+
+from reference_engines import engine_fields, flash, zero_plus_plus
 
 from zsim.errors import InputError
 from zsim.workload.model import ModelSpec
 from zsim.workload.model_presets import preset, with_overrides
 from zsim.workload.parallel import (
-    DpEngine,
     ParallelConfig,
-    PipelineEngine,
     PipelineSchedule,
     Precision,
     Recompute,
-    ZeroKnobs,
     ZeroStage,
 )
 
@@ -306,58 +304,6 @@ def cluster(row: dict[str, str], notes: list[str]) -> tuple[str, int, str]:
     raise Skip(f"no GPU preset for {row['gpu_type']!r}")
 
 
-def flash(fw: str) -> bool:
-    """FlashAttention where the software used it: Megatron-Core/NeMo, MPT (attn_impl flash),
-    torchtitan (SDPA flash); not in Megatron-LM 2020-21, BLOOM's Megatron-DeepSpeed or the
-    DeepSpeed tutorials' Megatron GPT-2."""
-    return fw in ("mcore", "mpt", "torchtitan")
-
-
-def block_params(model: ModelSpec, tp: int) -> int:
-    return next(x.params(tp) for x in model.layer_list() if str(x.kind) == "block")
-
-
-def zero_plus_plus(row: dict[str, str]) -> dict[str, Any]:
-    """ZeRO++'s parts as the row names them ("ZeRO++ (qwZ+hpZ(16)+qgZ)": DeepSpeed's
-    zero_quantized_weights, zero_hpz_partition_size, zero_quantized_gradients)."""
-    named = text(row, "system_framework") + " " + text(row, "zero_stage_or_sharding")
-    if "zero++" not in named:
-        return {}
-    hpz = re.search(r"hpz(?: partition)?[ (]*(\d+)", named)
-    return {
-        "quantized_weights": "qwz" in named,
-        "quantized_gradients": "qgz" in named,
-        "hpz_partition_size": int(hpz.group(1)) if hpz else 1,
-    }
-
-
-def _engines(
-    fw: str, stage: ZeroStage, model: ModelSpec, tp: int, assumed: list[str]
-) -> dict[str, Any]:
-    """The frameworks' engines and knobs as ParallelConfig fields."""
-    knobs, mcore = ZeroKnobs(), fw == "mcore" and stage <= ZeroStage.OPTIMIZER
-    if mcore:  # Megatron-Core's DDP: --overlap-grad-reduce, with the distributed optimizer
-        knobs = ZeroKnobs(overlap_comm=True)  # --overlap-param-gather too (the READMEs' runs)
-        assumed.append("--overlap-grad-reduce --overlap-param-gather --tp-comm-overlap")
-    if fw in ("mpt", "torchtitan") and stage >= ZeroStage.GRADIENTS:
-        unit = block_params(model, tp)  # FSDP wraps each block: gather / reduce per block
-        knobs = ZeroKnobs(reduce_bucket_size=unit, prefetch_bucket_size=unit, overlap_comm=True)
-        if stage is ZeroStage.PARAMETERS:  # FULL_SHARD reshards after forward: gathered
-            knobs = replace(knobs, max_reuse_distance=unit)  # again for (recompute +) backward
-    megatron = fw in ("megatron", "mcore")
-    return {
-        "knobs": knobs,
-        # Megatron's schedules, but BLOOM's Megatron-DeepSpeed ran DeepSpeed's PipelineEngine
-        "pipeline_engine": PipelineEngine.MEGATRON if megatron else PipelineEngine.DEEPSPEED,
-        "dp_engine": DpEngine.MEGATRON if mcore else DpEngine.DEEPSPEED,
-        "overlap_param_gather": mcore and stage is ZeroStage.OPTIMIZER,
-        # --tp-comm-overlap (the Megatron-Core READMEs' and NeMo's recipes), with SP only
-        "tp_comm_overlap": mcore and tp > 1,
-        # every source's sharded DP gathers and reduces on one process group (mpu, FSDP's)
-        "mpu": True,
-    }
-
-
 def map_row(row: dict[str, str], file: str) -> Case:
     fw = framework(row)
     assumed: list[str] = []
@@ -369,8 +315,9 @@ def map_row(row: dict[str, str], file: str) -> Case:
     if model.layers % (pp * vpp):  # zsim splits them as DeepSpeed's partition_uniform
         notes.append(f"{model.layers} layers over pp*v={pp * vpp}: the first stages one more")
     stage = zero_stage(row, fw, assumed)
-    engines = _engines(fw, stage, model, tp, assumed)
-    engines["knobs"] = replace(engines["knobs"], **zero_plus_plus(row))
+    engines = engine_fields(fw, stage, model, tp, assumed)
+    named = text(row, "system_framework") + " " + text(row, "zero_stage_or_sharding")
+    engines["knobs"] = replace(engines["knobs"], **zero_plus_plus(named))
     seq_par = text(row, "sequence_parallel") in ("yes", "true", "1")
     if fw == "mcore" and tp > 1 and not row.get("sequence_parallel"):
         seq_par = True

@@ -119,10 +119,13 @@ def test_a_timed_accumulating_backward_replaces_the_separate_pass():
     profile = load_profile(CAL / "cpu-2rank.json")
     key = next(k for k in profile.layer_times if k.startswith("mlp-h1024") and "|mb4|" in k)
     measured = profile.layer_times[key]
-    assert measured.accumulate_s is None  # a profile from before: the pass at the copy rate
+    assert measured.accumulate_s is not None  # a profile calibrated with it
     cfg = ParallelConfig(dp=2, zero_stage=0, micro_batch=4, grad_accum=4, precision="fp32")
     none = _step(MLP, cfg, "1x2-cpu", profile, Mechanism.GRAD_ACCUMULATE)
-    as_pass = _step(MLP, cfg, "1x2-cpu", profile)
+    # without the timed pass (a profile from before it): a pass at the copy rate instead
+    before = replace(measured, accumulate_s=None)
+    older = replace(profile, layer_times={**profile.layer_times, key: before})
+    as_pass = _step(MLP, cfg, "1x2-cpu", older)
     params = 8 * (1024 * 1024 + 1024)
     assert as_pass - none == pytest.approx(3 * profile.copy_time_s(1.5 * 4 * params, "fp32"))
     for extra_s in (0.4e-3, -0.2e-3):  # slower, or faster: fresh gradients cost allocations

@@ -1,0 +1,62 @@
+"""The frameworks' engines and knobs, as the published rows ran them, in ParallelConfig's
+fields (`reference_mapping.map_row` reads them)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from typing import Any
+
+from zsim.workload.model import ModelSpec
+from zsim.workload.parallel import DpEngine, PipelineEngine, ZeroKnobs, ZeroStage
+
+
+def flash(fw: str) -> bool:
+    """FlashAttention where the software used it: Megatron-Core/NeMo, MPT (attn_impl flash),
+    torchtitan (SDPA flash); not in Megatron-LM 2020-21, BLOOM's Megatron-DeepSpeed or the
+    DeepSpeed tutorials' Megatron GPT-2."""
+    return fw in ("mcore", "mpt", "torchtitan")
+
+
+def block_params(model: ModelSpec, tp: int) -> int:
+    return next(x.params(tp) for x in model.layer_list() if str(x.kind) == "block")
+
+
+def zero_plus_plus(named: str) -> dict[str, Any]:
+    """ZeRO++'s parts as a row names them, lower case ("zero++ (qwz+hpz(16)+qgz)"): DeepSpeed's
+    zero_quantized_weights, zero_hpz_partition_size, zero_quantized_gradients."""
+    if "zero++" not in named:
+        return {}
+    hpz = re.search(r"hpz(?: partition)?[ (]*(\d+)", named)
+    return {
+        "quantized_weights": "qwz" in named,
+        "quantized_gradients": "qgz" in named,
+        "hpz_partition_size": int(hpz.group(1)) if hpz else 1,
+    }
+
+
+def engine_fields(
+    fw: str, stage: ZeroStage, model: ModelSpec, tp: int, assumed: list[str]
+) -> dict[str, Any]:
+    """The frameworks' engines and knobs as ParallelConfig fields."""
+    knobs, mcore = ZeroKnobs(), fw == "mcore" and stage <= ZeroStage.OPTIMIZER
+    if mcore:  # Megatron-Core's DDP: --overlap-grad-reduce, with the distributed optimizer
+        knobs = ZeroKnobs(overlap_comm=True)  # --overlap-param-gather too (the READMEs' runs)
+        assumed.append("--overlap-grad-reduce --overlap-param-gather --tp-comm-overlap")
+    if fw in ("mpt", "torchtitan") and stage >= ZeroStage.GRADIENTS:
+        unit = block_params(model, tp)  # FSDP wraps each block: gather / reduce per block
+        knobs = ZeroKnobs(reduce_bucket_size=unit, prefetch_bucket_size=unit, overlap_comm=True)
+        if stage is ZeroStage.PARAMETERS:  # FULL_SHARD reshards after forward: gathered
+            knobs = replace(knobs, max_reuse_distance=unit)  # again for (recompute +) backward
+    megatron = fw in ("megatron", "mcore")
+    return {
+        "knobs": knobs,
+        # Megatron's schedules, but BLOOM's Megatron-DeepSpeed ran DeepSpeed's PipelineEngine
+        "pipeline_engine": PipelineEngine.MEGATRON if megatron else PipelineEngine.DEEPSPEED,
+        "dp_engine": DpEngine.MEGATRON if mcore else DpEngine.DEEPSPEED,
+        "overlap_param_gather": mcore and stage is ZeroStage.OPTIMIZER,
+        # --tp-comm-overlap (the Megatron-Core READMEs' and NeMo's recipes), with SP only
+        "tp_comm_overlap": mcore and tp > 1,
+        # every source's sharded DP gathers and reduces on one process group (mpu, FSDP's)
+        "mpu": True,
+    }

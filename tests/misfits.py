@@ -1,0 +1,68 @@
+"""Print the known-misfit lists of tests/test_calibrate_profile.py for a calibration, after a
+recalibration moved rows across the 10 % line: `python -m tests.misfits [PROFILE]`.
+
+Each entry: the model against the median of the stored repeats, [quartiles], the median of
+each launch, and whether one time is within 10 % of every launch's median (launches agree)."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from zsim.calibrate.fit import fitted_rows
+from zsim.calibrate.measurement import Kind, Measurement
+from zsim.calibrate.profile import load_calibration
+from zsim.calibrate.replay import model_of
+
+TOLERANCE = 0.10
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g}"
+
+
+def reason(row: Measurement, predicted: float) -> str:
+    samples = np.asarray(row.samples_s)
+    q1, q3 = np.percentile(samples, [25, 75])
+    counts = list(row.launch_samples) or [len(samples)]
+    edges = np.cumsum([0, *counts])
+    medians = [float(np.median(samples[a:b])) for a, b in itertools.pairwise(edges)]
+    agree = max(medians) / min(medians) <= (1 + TOLERANCE) / (1 - TOLERANCE)
+    return (
+        f"{predicted / row.median_s - 1:+.0%}: median {_ms(row.median_s)} ms "
+        f"[{_ms(q1)}-{_ms(q3)}], launches {'/'.join(_ms(m) for m in medians)} ms "
+        f"(launches {'agree' if agree else 'apart'})"
+    )
+
+
+def misfits(path: Path) -> dict[str, dict[str, str]]:
+    cal = load_calibration(path)
+    model = model_of(cal)
+    found: dict[str, dict[str, str]] = {"KERNEL": {}, "COLLECTIVE": {}}
+    for row in fitted_rows(cal.measurements, cal.provenance):
+        predicted = model(row)
+        if abs(predicted / row.median_s - 1) > TOLERANCE:
+            kind = "COLLECTIVE" if row.kind is Kind.COLLECTIVE else "KERNEL"
+            found[kind][row.label] = reason(row, predicted)
+    return found
+
+
+def main(argv: list[str]) -> int:
+    path = Path(argv[0]) if argv else Path("calibration/cpu-2rank.json")
+    for kind, rows in misfits(path).items():
+        print(f"KNOWN_{kind}_MISFITS = {{")
+        for label, text in rows.items():
+            line = f"    {label!r}: {text!r},"
+            if len(line) > 100:  # split where the launches begin, as ruff would not
+                head, tail = text.split(" launches ", 1)
+                line = f"    {label!r}: {head + ' '!r}\n    {'launches ' + tail!r},"
+            print(line.replace("'", '"'))
+        print("}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
