@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from zsim.calibrate.fit import Fit, fit_profile
 from zsim.calibrate.holdout import held_out_residuals
@@ -160,11 +160,31 @@ def _failure(ended: torchrun.Ended, tail: list[str], others: list[Path], timeout
     return f"the calibration workers {how}: {last}\n" + "\n".join(tail)
 
 
+def plain_progress(stream: TextIO) -> Callable[[int, int, str], None]:
+    """Progress as a line per tenth of the work, where no terminal shows a bar (a log)."""
+    shown = [-1]
+
+    def update(done: int, total: int, label: str) -> None:
+        tenth = done * 10 // total if total else -1
+        if tenth > shown[0]:
+            shown[0] = tenth
+            print(f"calibrating: {done}/{total} {label}", file=stream, flush=True)
+
+    return update
+
+
 @contextlib.contextmanager
-def progress_bar(enabled: bool) -> Iterator[Callable[[int, int, str], None]]:
-    """A rich progress bar fed by worker progress lines (silent when disabled)."""
+def progress_bar(
+    enabled: bool, stream: TextIO | None = None
+) -> Iterator[Callable[[int, int, str], None]]:
+    """A rich progress bar fed by worker progress lines (silent when disabled; plain lines
+    when `stream`, stderr by default, is not a terminal)."""
     if not enabled:
         yield lambda _done, _total, _label: None
+        return
+    stream = stream or sys.stderr
+    if not stream.isatty():
+        yield plain_progress(stream)
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
