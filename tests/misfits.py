@@ -6,18 +6,13 @@ each launch, and whether one time is within 10 % of every launch's median (launc
 
 from __future__ import annotations
 
-import itertools
 import sys
 from pathlib import Path
 
-import numpy as np
-
 from zsim.calibrate.fit import fitted_rows
-from zsim.calibrate.measurement import Kind, Measurement
+from zsim.calibrate.measurement import FIT_TOLERANCE, Kind, Measurement
 from zsim.calibrate.profile import load_calibration
 from zsim.calibrate.replay import model_of
-
-TOLERANCE = 0.10
 
 
 def _ms(seconds: float) -> str:
@@ -25,16 +20,11 @@ def _ms(seconds: float) -> str:
 
 
 def reason(row: Measurement, predicted: float) -> str:
-    samples = np.asarray(row.samples_s)
-    q1, q3 = np.percentile(samples, [25, 75])
-    counts = list(row.launch_samples) or [len(samples)]
-    edges = np.cumsum([0, *counts])
-    medians = [float(np.median(samples[a:b])) for a, b in itertools.pairwise(edges)]
-    agree = max(medians) / min(medians) <= (1 + TOLERANCE) / (1 - TOLERANCE)
+    agree = "agree" if row.launches_agree else "apart"
     return (
         f"{predicted / row.median_s - 1:+.0%}: median {_ms(row.median_s)} ms "
-        f"[{_ms(q1)}-{_ms(q3)}], launches {'/'.join(_ms(m) for m in medians)} ms "
-        f"(launches {'agree' if agree else 'apart'})"
+        f"[{_ms(row.q1_s)}-{_ms(row.q3_s)}], "
+        f"launches {'/'.join(_ms(m) for m in row.launch_medians_s)} ms (launches {agree})"
     )
 
 
@@ -44,7 +34,7 @@ def misfits(path: Path) -> dict[str, dict[str, str]]:
     found: dict[str, dict[str, str]] = {"KERNEL": {}, "COLLECTIVE": {}}
     for row in fitted_rows(cal.measurements, cal.provenance):
         predicted = model(row)
-        if abs(predicted / row.median_s - 1) > TOLERANCE:
+        if abs(predicted / row.median_s - 1) > FIT_TOLERANCE:
             kind = "COLLECTIVE" if row.kind is Kind.COLLECTIVE else "KERNEL"
             found[kind][row.label] = reason(row, predicted)
     return found

@@ -110,8 +110,7 @@ def layer(
     module, forward, copies = _layer_forward(bench, model, kind, mb, tp)
     params = list(module.parameters())
 
-    def backward() -> float:
-        out = forward()
+    def backward_of(out: torch.Tensor) -> float:
         grad = None if out.dim() == 0 else torch.ones_like(out)
         return bench.timed(partial(out.backward, grad))[0]
 
@@ -120,10 +119,9 @@ def layer(
             p.grad = None
         f_s, out = bench.timed(forward)
         share = bench.share
-        grad = None if out.dim() == 0 else torch.ones_like(out)
-        b_s, _ = bench.timed(partial(out.backward, grad))
+        b_s = backward_of(out)
         share = min(share, bench.share)
-        a_s = backward()  # the gradients of the first are still in .grad
+        a_s = backward_of(forward())  # the gradients of the first are still in .grad
         bench.share = min(share, bench.share)
         return f_s, b_s, a_s
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass
-from functools import partial
 
 import simpy
 
@@ -336,11 +335,13 @@ class Estimator:
     def _qgz(self, cfg: ParallelConfig, group: tuple[int, ...]) -> tuple[float, float] | None:
         """qgZ's averaging of the rank's gradients (data parallelism only: one stage)."""
         node, key = self.topology.gpus_per_node, ("qgz", id(group), cfg.precision)
-        if cfg.qgz_nodes(node) and key not in self._averaged:
+        if not cfg.qgz_nodes(node):
+            return None
+        if key not in self._averaged:
             job = StageJob.of(self.model, cfg, self.device, 0, self.gloo, node)
-            terms = partial(qgz_terms, job, self.device, self.collective_s)
-            self._averaged[key] = terms(self._beside[id(group)], group, self._kept)
-        return self._averaged.get(key) if cfg.qgz_nodes(node) else None
+            calls, peers = self.collective_s, self._beside[id(group)]
+            self._averaged[key] = qgz_terms(job, self.device, calls, peers, group, self._kept)
+        return self._averaged[key]
 
     def _dp_group(self, grid: RankGrid, stage: int) -> tuple[int, ...]:
         """The first pipeline stage's data-parallel group stands for every stage's: their

@@ -80,11 +80,12 @@ def zero3_terms(
     again_wait, again_s = waited(later, gathered.forward_blocking, ahead)
     back_wait, back_s = waited(later, gathered.backward_blocking, behind)
     n = len(everyone)
-    scatter = collective_s(CollectiveOp.REDUCE_SCATTER, padded * d, everyone)
-    # the buckets' copies run beside the reduce-scatters, on the reduction stream
-    scatter += device.copy_time_s(4 * d * params, dtype)
-    scattered = (n - 1) / n * padded * d
-    if averaged is not None:
+    if averaged is None:
+        scatter = collective_s(CollectiveOp.REDUCE_SCATTER, padded * d, everyone)
+        # the buckets' copies run beside the reduce-scatters, on the reduction stream
+        scatter += device.copy_time_s(4 * d * params, dtype)
+        scattered = (n - 1) / n * padded * d
+    else:
         scatter, scattered = averaged
     # beyond the backward they overlap, and the last bucket's reduce-scatter in any case: the
     # backward ends by waiting for it (stage3.py synchronizes the device there)
