@@ -77,6 +77,14 @@ def _dataflow(network: FlowNetwork, phase: Phase) -> Generator[simpy.Event, Any,
     yield simpy.AllOf(env, ended)
 
 
+def _nccl_send(call: CollectiveCall) -> bool:
+    return (
+        call.op is CollectiveOp.SEND_RECV
+        and len(call.group) == 2
+        and call.algorithm in (Algorithm.AUTO, Algorithm.RING)
+    )
+
+
 class Communicator:
     """Collectives and point-to-point transfers on one shared flow network."""
 
@@ -91,6 +99,9 @@ class Communicator:
         self._links: dict[CollectiveCall, frozenset[int]] = {}
         self._class_bytes: dict[CollectiveCall, FloatArray] = {}
         self._reaches: dict[tuple[int, ...], frozenset[int]] = {}
+        # NCCL plans a send_recv as one flow from the first member to the second with no local
+        # work (`patterns.point_to_point`): the copies of a send need no plan of their own
+        self._p2p_flow = topology.fabric.backend is Backend.NCCL and not exact_steps
 
     def plan(self, call: CollectiveCall) -> Plan:
         if call not in self._plans:
@@ -136,6 +147,8 @@ class Communicator:
         return (*pairs[0], call.nbytes, self.plan(call).overhead_s, pairs[1:])
 
     def _one_flow(self, call: CollectiveCall) -> tuple[int, int] | None:
+        if self._p2p_flow and _nccl_send(call):
+            return call.group[0], call.group[1]  # NCCL's send_recv: its one flow, unplanned
         chosen = self.plan(call)
         phase = chosen.phases[0] if len(chosen.phases) == 1 else None
         if phase is None or phase.local_s > 0 or phase.size != 1:
