@@ -62,7 +62,8 @@ class Engine:
         self.passes: list[FusedPass] = []
         self.ranks = self._simulated_ranks()
         self.simulated = set(self.ranks)
-        self.done: dict[tuple[int, int], simpy.Event | None] = {}  # None: done in the prefix
+        # rank -> by task index, the event of its end (None: it ended in the prefix)
+        self.done: dict[int, list[simpy.Event | None]] = {}
         self.pending: dict[tuple[object, ...], _Rendezvous] = {}
         self.arrivals: dict[tuple[int, str], simpy.Event] = {}
         self.calls: dict[tuple[int, Group, Stream], itertools.count[int]] = {}
@@ -170,49 +171,64 @@ class Engine:
             self.env.run(until=prefix.cut_s)
         running = replay(self, prefix)
         for rank in self.ranks:
+            tasks = self.programs[self.coords(rank)[1]].tasks
+            done: list[simpy.Event | None] = [None] * len(tasks)  # None: the prefix ended it
+            self.done[rank] = done
             streams: dict[Stream, list[Task]] = {}
-            for task in self.programs[self.coords(rank)[1]].tasks:
+            for task in tasks:
                 key = (rank, task.index)
-                self.done[key] = None if key in prefix.finished else self.env.event()
+                if not prefix.finished(rank, task.index):
+                    done[task.index] = self.env.event()
                 if key in running:
-                    self.env.process(resume(self, rank, task, prefix.start[key], running[key]))
-                elif task.receives and key not in prefix.finished:
+                    self.env.process(
+                        resume(self, rank, task, prefix.start[rank][task.index], running[key])
+                    )
+                elif task.receives and done[task.index] is not None:
                     self.env.process(self.receive(rank, task))
                 if not task.receives:
                     streams.setdefault(task.stream, []).append(task)
-            for tasks in streams.values():
-                self.env.process(self.stream(rank, tasks, prefix))
+            for stream_tasks in streams.values():
+                self._start_stream(rank, stream_tasks, prefix)
         self.env.run()
-        unfinished = [k for k, e in self.done.items() if e is not None and not e.triggered]
+        unfinished = [
+            (rank, i)
+            for rank, events in self.done.items()
+            for i, e in enumerate(events)
+            if e is not None and not e.triggered
+        ]
         if unfinished:
             raise RuntimeError(f"deadlock: {len(unfinished)} tasks never ran, e.g. {unfinished[0]}")
         per_rank = {k: v / len(self.ranks) for k, v in self.traffic.sent.items()}
         links = self.traffic.by_link_class()
         return EngineResult(self.spans, self.env.now, self.ranks, per_rank, links, self.passes)
 
+    def _start_stream(self, rank: int, tasks: list[Task], prefix: Prefix) -> None:
+        """A stream's process from its first task the prefix did not start (a stream's tasks
+        start in order, so those it started come first), after the last one it did."""
+        ran = 0
+        while ran < len(tasks) and prefix.ran(rank, tasks[ran].index):
+            ran += 1
+        if ran == len(tasks):
+            return
+        running = self.done[rank][tasks[ran - 1].index] if ran else None
+        self.env.process(self.stream(rank, tasks[ran:], running))
+
     def stream(
-        self, rank: int, tasks: list[Task], prefix: Prefix
+        self, rank: int, tasks: list[Task], running: simpy.Event | None
     ) -> Generator[simpy.Event, Any, None]:
-        """One stream of one rank: its tasks in issue order, each after its dependencies (those
-        the prefix started are already running or done)."""
-        running: simpy.Event | None = None  # the prefix's task still running at the cut
+        """One stream of one rank: its tasks in issue order, each after its dependencies;
+        `running`: the end of the prefix's task still running at the cut, if any (the stream
+        is free when it ends)."""
+        done = self.done[rank]
+        if running is not None and not running.processed:
+            yield running
         for task in tasks:
-            if (rank, task.index) in prefix.ran:
-                running = self.done[(rank, task.index)]
-                continue
-            if running is not None and not running.processed:
-                yield running  # the stream is free when it ends
-            running = None
-            waiting = [
-                e
-                for d in task.deps
-                if (e := self.done[(rank, d.index)]) is not None and not e.processed
-            ]
+            waiting = [e for d in task.deps if (e := done[d.index]) is not None and not e.processed]
             if waiting:  # dependencies already done cost no event
                 yield waiting[0] if len(waiting) == 1 else self.env.all_of(waiting)
             start = self.env.now
             if task.comm is None:
-                yield self.env.timeout(task.duration_s * self.kernel_factor(rank, task))
+                yield self.env.timeout(task.duration_s * self.kernel_factor(rank, task.stream))
             else:
                 value = yield self.communicate(rank, task)
                 if task.comm.op is not CollectiveOp.SEND_RECV:
@@ -223,10 +239,10 @@ class Engine:
                 self.record(rank, task, start, self.env.now)
             self.finish(rank, task)
 
-    def kernel_factor(self, rank: int, task: Task) -> float:
-        """How much slower `rank` runs this task than the profile says: a straggler's device
-        work (its compute and reduction streams), not the host's or the PCIe copies."""
-        if task.stream in (Stream.HOST, Stream.PCIE):
+    def kernel_factor(self, rank: int, stream: Stream) -> float:
+        """How much slower `rank` runs tasks of `stream` than the profile says: a straggler's
+        device work (its compute and reduction streams), not the host's or the PCIe copies."""
+        if stream in (Stream.HOST, Stream.PCIE):
             return 1.0
         return self.slowdown.get(rank, 1.0)
 
@@ -264,7 +280,7 @@ class Engine:
         )
 
     def finish(self, rank: int, task: Task) -> None:
-        event = self.done[(rank, task.index)]
+        event = self.done[rank][task.index]
         assert event is not None  # tasks the prefix finished have no event
         event.succeed()
 

@@ -46,34 +46,35 @@ def replay(engine: Engine, prefix: Prefix) -> dict[Key, simpy.Event]:
     passes: Counter[tuple[int, int]] = Counter()
     templates: dict[tuple[int, int], tuple[Part, ...]] = {}
     alone: Counter[tuple[int, float]] = Counter()
-    for key in prefix.start:
-        if key not in prefix.ran:
-            continue
-        rank, index = key
-        task = engine.programs[engine.coords(rank)[1]].tasks[index]
-        start, end, finished = prefix.start[key], prefix.end[key], key in prefix.finished
-        if task.receives:
-            if finished:
-                engine.record(rank, task, prefix.sent_at[key], end)
-            continue
-        if task.parts:
-            passes[(rank, id(task.parts))] += 1
-            templates[(rank, id(task.parts))] = task.parts
-            engine.passes.append(_fused(rank, task, start))
-        elif task.comm is not None:
-            send = prefix.sends[key]
-            kind = (rank, task.comm.nbytes, task.comm.peer, str(task.category))
-            sends[kind] += 1
-            kinds[kind] = task
-            if not finished:
-                running[key] = continue_send(engine, rank, task, send)
+    cut = prefix.cut_s
+    for rank in engine.ranks:
+        tasks = engine.programs[engine.coords(rank)[1]].tasks
+        starts, ends = prefix.start.get(rank, ()), prefix.end.get(rank, ())
+        for index in prefix.ran_indices(rank):
+            task, start, end = tasks[index], starts[index], ends[index]
+            finished, key = end < cut, (rank, index)
+            if task.receives:
+                if finished:
+                    engine.record(rank, task, prefix.sent_at[key], end)
                 continue
-            for flow_set in send.terms.flow_sets:
-                alone[(flow_set, send.nbytes)] += 1
-        if finished and not task.parts:
-            engine.record(rank, task, start, end)
-        elif not finished:
-            running[key] = engine.env.timeout(end - engine.env.now)
+            if task.parts:
+                passes[(rank, id(task.parts))] += 1
+                templates[(rank, id(task.parts))] = task.parts
+                engine.passes.append(_fused(rank, task, start))
+            elif task.comm is not None:
+                send = prefix.sends[key]
+                kind = (rank, task.comm.nbytes, task.comm.peer, str(task.category))
+                sends[kind] += 1
+                kinds[kind] = task
+                if not finished:
+                    running[key] = continue_send(engine, rank, task, send)
+                    continue
+                for flow_set in send.terms.flow_sets:
+                    alone[(flow_set, send.nbytes)] += 1
+            if finished and not task.parts:
+                engine.record(rank, task, start, end)
+            elif not finished:
+                running[key] = engine.env.timeout(end - engine.env.now)
     for (rank, template), times in passes.items():
         engine.traffic.book_pass(rank, templates[(rank, template)], engine.pass_calls, times)
     for kind, times in sends.items():

@@ -14,6 +14,7 @@ reductions and optimizer step are simulated.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from zsim.step.program import Comm, Program, Stream, Task
 
 Key = tuple[int, int]  # (rank, task index)
 _FIT = 1e-9  # relative: sends filling a capacity to within this still fit
+_UNTIMED = math.nan  # a task's start and end until the pass times it (compares false)
 
 
 class Engine(Protocol):
@@ -41,11 +43,11 @@ class Engine(Protocol):
 
     def coords(self, rank: int) -> tuple[int, int, int]: ...
     def peer(self, rank: int, offset: int) -> int: ...
-    def kernel_factor(self, rank: int, task: Task) -> float: ...
+    def kernel_factor(self, rank: int, stream: Stream) -> float: ...
     def send_calls(self, rank: int, comm: Comm) -> tuple[CollectiveCall, list[CollectiveCall]]: ...
 
 
-@dataclass
+@dataclass(slots=True)
 class LoneSend:
     """A send of the prefix, timed alone: issued at `start`, its data from `data_at`, its last
     byte at `ends` (the capacities are held from issue to end, as `LoneTransfers` holds them)."""
@@ -57,22 +59,24 @@ class LoneSend:
     ends: float
 
 
-@dataclass
+@dataclass(slots=True)
 class _Stream:
     rank: int
     tasks: list[Task]
+    factor: float  # the rank's slowdown of this stream's kernels
     pos: int = 0
     free_s: float = 0.0
 
 
 @dataclass
 class Prefix:
-    """Task times up to the cut: `start` and `end` of every task the pass could time (those
-    from the cut on are simulated again), the sends among them, and the receives' send times."""
+    """Task times up to the cut: the `start` and `end` of every task of each rank, by task
+    index (NaN where the pass could not time it; those from the cut on are simulated again),
+    the sends among them, and the receives' send times."""
 
     cut_s: float = 0.0
-    start: dict[Key, float] = field(default_factory=dict)
-    end: dict[Key, float] = field(default_factory=dict)
+    start: dict[int, list[float]] = field(default_factory=dict)  # rank -> by task index
+    end: dict[int, list[float]] = field(default_factory=dict)
     sends: dict[Key, LoneSend] = field(default_factory=dict)
     sent_at: dict[Key, float] = field(default_factory=dict)  # receive -> its send's issue
     # (rank, bytes, peer) -> how such a send is timed alone (None: it cannot be)
@@ -80,42 +84,63 @@ class Prefix:
         default_factory=dict
     )
 
-    ran: frozenset[Key] = frozenset()  # the tasks that started before the cut: the prefix's
-    finished: frozenset[Key] = frozenset()  # those of them that ended before it
-
     def cut(self, cut_s: float) -> None:
         """Keep the times up to `cut_s`: the tasks from then on are the event loop's."""
         self.cut_s = cut_s
-        self.ran = frozenset(k for k, start in self.start.items() if start < cut_s)
-        self.finished = frozenset(k for k in self.ran if self.end[k] < cut_s)
+
+    def ran(self, rank: int, index: int) -> bool:
+        """Whether the task started before the cut: it is the prefix's."""
+        starts = self.start.get(rank)
+        return starts is not None and starts[index] < self.cut_s  # NaN: False
+
+    def finished(self, rank: int, index: int) -> bool:
+        """Whether it also ended before the cut."""
+        ends = self.end.get(rank)
+        return ends is not None and ends[index] < self.cut_s
+
+    def ran_indices(self, rank: int) -> list[int]:
+        """The rank's tasks that are the prefix's, in index order."""
+        starts = self.start.get(rank)
+        if starts is None:
+            return []
+        return np.flatnonzero(np.asarray(starts) < self.cut_s).tolist()
 
 
 def time_prefix(engine: Engine) -> Prefix:
     """Time every task that does not depend on a collective's or a shared send's time."""
     prefix = Prefix()
-    receives: dict[tuple[int, str], Key] = {}
+    receives: dict[tuple[int, str], int] = {}  # (rank, tag) -> the receive's index
     streams: list[_Stream] = []
     for rank in engine.ranks:
+        tasks = engine.programs[engine.coords(rank)[1]].tasks
+        prefix.start[rank] = [_UNTIMED] * len(tasks)
+        prefix.end[rank] = [_UNTIMED] * len(tasks)
         by_stream: dict[Stream, list[Task]] = {}
-        for task in engine.programs[engine.coords(rank)[1]].tasks:
+        for task in tasks:
             if task.receives:
                 assert task.comm is not None
-                receives[(rank, task.comm.tag)] = (rank, task.index)
+                receives[(rank, task.comm.tag)] = task.index
             else:
                 by_stream.setdefault(task.stream, []).append(task)
-        streams += [_Stream(rank, tasks) for tasks in by_stream.values()]
+        streams += [
+            _Stream(rank, tasks, engine.kernel_factor(rank, stream))
+            for stream, tasks in by_stream.items()
+        ]
     waiting: dict[Key, list[_Stream]] = {}
     ready = deque(streams)
     starts_left: list[float] = []  # when the first task that is not fixed-time would start
     while ready:
         stream = ready.popleft()
-        for task in _advance(engine, stream, prefix, waiting, starts_left):
-            key = (stream.rank, task.index)
-            ready.extend(waiting.pop(key, ()))
-            found = _arrival(engine, key, task, prefix, receives)
-            if found is not None:
-                ready.extend(waiting.pop(found, ()))
-    last = max(prefix.end.values(), default=0.0)  # all fixed-time: the event loop ends there
+        for index in _advance(engine, stream, prefix, waiting, starts_left):
+            key = (stream.rank, index)
+            if key in waiting:
+                ready.extend(waiting.pop(key))
+            if key in prefix.sends:
+                found = _arrival(engine, key, prefix, receives)
+                if found is not None and found in waiting:
+                    ready.extend(waiting.pop(found))
+    ends = [e for per_rank in prefix.end.values() for e in per_rank if e == e]
+    last = max(ends, default=0.0)  # all fixed-time: the event loop ends there
     crowded = _first_crowding(prefix.sends.values(), engine.comms.topology.bandwidth_bytes_per_s)
     prefix.cut(min([*starts_left, crowded, last]))
     return prefix
@@ -127,37 +152,41 @@ def _advance(
     prefix: Prefix,
     waiting: dict[Key, list[_Stream]],
     starts_left: list[float],
-) -> Iterator[Task]:
+) -> Iterator[int]:
     """Time the stream's tasks in order until one waits for a task not yet timed (the stream
-    waits for it) or is not fixed-time (the stream stops); yields each task timed."""
-    rank = stream.rank
-    while stream.pos < len(stream.tasks):
-        task = stream.tasks[stream.pos]
+    waits for it) or is not fixed-time (the stream stops); yields the index of each task timed."""
+    rank, tasks, factor = stream.rank, stream.tasks, stream.factor
+    starts, ends = prefix.start[rank], prefix.end[rank]
+    while stream.pos < len(tasks):
+        task = tasks[stream.pos]
         start = stream.free_s
         for dep in task.deps:
-            end = prefix.end.get((rank, dep.index))
-            if end is None:
+            end = ends[dep.index]
+            if end != end:  # NaN: not timed yet
                 waiting.setdefault((rank, dep.index), []).append(stream)
                 return
-            start = max(start, end)
-        end = _fixed_end(engine, rank, task, start, prefix)
-        if end is None:
-            starts_left.append(start)
-            stream.pos = len(stream.tasks)
-            return
-        key = (rank, task.index)
-        prefix.start[key], prefix.end[key] = start, end
+            if end > start:
+                start = end
+        if task.comm is None:
+            end = start + task.duration_s * factor
+        else:
+            found = _send_end(engine, rank, task, start, prefix)
+            if found is None:
+                starts_left.append(start)
+                stream.pos = len(tasks)
+                return
+            end = found
+        starts[task.index], ends[task.index] = start, end
         stream.free_s = end
         stream.pos += 1
-        yield task
+        yield task.index
 
 
-def _fixed_end(engine: Engine, rank: int, task: Task, start: float, prefix: Prefix) -> float | None:
-    """When a task started at `start` ends, if its time is fixed; None for a collective or a
-    send that cannot be timed alone. Each end is computed as the event loop computes it."""
+def _send_end(engine: Engine, rank: int, task: Task, start: float, prefix: Prefix) -> float | None:
+    """When a send started at `start` ends, if it can be timed alone (None for a collective or
+    a send that cannot be), as the event loop computes it."""
     comm = task.comm
-    if comm is None:
-        return start + task.duration_s * engine.kernel_factor(rank, task)
+    assert comm is not None
     if comm.op is not CollectiveOp.SEND_RECV:
         return None
     key = (rank, comm.nbytes, comm.peer)
@@ -179,18 +208,20 @@ def _fixed_end(engine: Engine, rank: int, task: Task, start: float, prefix: Pref
 
 
 def _arrival(
-    engine: Engine, key: Key, task: Task, prefix: Prefix, receives: dict[tuple[int, str], Key]
+    engine: Engine, key: Key, prefix: Prefix, receives: dict[tuple[int, str], int]
 ) -> Key | None:
     """A timed send completes its receive: the receive ends when the data has arrived."""
-    if key not in prefix.sends:
-        return None
-    assert task.comm is not None
-    found = receives.get((engine.peer(key[0], task.comm.peer), task.comm.tag))
+    rank, index = key
+    comm = engine.programs[engine.coords(rank)[1]].tasks[index].comm
+    assert comm is not None
+    peer = engine.peer(rank, comm.peer)
+    found = receives.get((peer, comm.tag))
     if found is None:
         return None
-    prefix.sent_at[found] = prefix.start[key]
-    prefix.start[found], prefix.end[found] = prefix.start[key], prefix.end[key]
-    return found
+    prefix.sent_at[(peer, found)] = prefix.start[rank][index]
+    prefix.start[peer][found] = prefix.start[rank][index]
+    prefix.end[peer][found] = prefix.end[rank][index]
+    return peer, found
 
 
 def _first_crowding(sends: Iterable[LoneSend], capacity: FloatArray) -> float:
