@@ -171,23 +171,19 @@ class Engine:
             self.env.run(until=prefix.cut_s)
         running = replay(self, prefix)
         for rank in self.ranks:
-            tasks = self.programs[self.coords(rank)[1]].tasks
-            done: list[simpy.Event | None] = [None] * len(tasks)  # None: the prefix ended it
-            self.done[rank] = done
-            streams: dict[Stream, list[Task]] = {}
-            for task in tasks:
-                key = (rank, task.index)
-                if not prefix.finished(rank, task.index):
-                    done[task.index] = self.env.event()
-                if key in running:
-                    self.env.process(
-                        resume(self, rank, task, prefix.start[rank][task.index], running[key])
-                    )
+            program = self.programs[self.coords(rank)[1]]
+            ended = prefix.finished_mask(rank, len(program.tasks))
+            # by task index, the event of its end (None: the prefix ended it)
+            done = self.done[rank] = [None if e else self.env.event() for e in ended]
+            resumed = {i for r, i in running if r == rank}
+            for task in program.tasks:  # in issue order, as the processes start
+                if task.index in resumed:
+                    start = prefix.start[rank][task.index]
+                    end = running[(rank, task.index)]
+                    self.env.process(resume(self, rank, task, start, end))
                 elif task.receives and done[task.index] is not None:
                     self.env.process(self.receive(rank, task))
-                if not task.receives:
-                    streams.setdefault(task.stream, []).append(task)
-            for stream_tasks in streams.values():
+            for stream_tasks in program.streams().values():
                 self._start_stream(rank, stream_tasks, prefix)
         self.env.run()
         unfinished = [

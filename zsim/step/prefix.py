@@ -98,6 +98,14 @@ class Prefix:
         ends = self.end.get(rank)
         return ends is not None and ends[index] < self.cut_s
 
+    def finished_mask(self, rank: int, tasks: int) -> list[bool]:
+        """By task index, whether each of the rank's `tasks` ended before the cut."""
+        ends = self.end.get(rank)
+        if ends is None:
+            return [False] * tasks
+        ended: list[bool] = (np.asarray(ends) < self.cut_s).tolist()
+        return ended
+
     def ran_indices(self, rank: int) -> list[int]:
         """The rank's tasks that are the prefix's, in index order."""
         starts = self.start.get(rank)
@@ -112,19 +120,16 @@ def time_prefix(engine: Engine) -> Prefix:
     receives: dict[tuple[int, str], int] = {}  # (rank, tag) -> the receive's index
     streams: list[_Stream] = []
     for rank in engine.ranks:
-        tasks = engine.programs[engine.coords(rank)[1]].tasks
-        prefix.start[rank] = [_UNTIMED] * len(tasks)
-        prefix.end[rank] = [_UNTIMED] * len(tasks)
-        by_stream: dict[Stream, list[Task]] = {}
-        for task in tasks:
+        program = engine.programs[engine.coords(rank)[1]]
+        prefix.start[rank] = [_UNTIMED] * len(program.tasks)
+        prefix.end[rank] = [_UNTIMED] * len(program.tasks)
+        for task in program.tasks:
             if task.receives:
                 assert task.comm is not None
                 receives[(rank, task.comm.tag)] = task.index
-            else:
-                by_stream.setdefault(task.stream, []).append(task)
         streams += [
             _Stream(rank, tasks, engine.kernel_factor(rank, stream))
-            for stream, tasks in by_stream.items()
+            for stream, tasks in program.streams().items()
         ]
     waiting: dict[Key, list[_Stream]] = {}
     ready = deque(streams)

@@ -103,11 +103,23 @@ class Program:
 
     stage: int
     tasks: list[Task] = field(default_factory=list)
+    _streams: dict[Stream, list[Task]] | None = field(default=None, repr=False, compare=False)
 
     def add(self, task: Task) -> Task:
         task.index = len(self.tasks)
         self.tasks.append(task)
+        self._streams = None
         return task
+
+    def streams(self) -> dict[Stream, list[Task]]:
+        """The tasks of each stream in issue order (receives run on none: they wait for their
+        data); kept, as every simulated rank of the stage asks."""
+        if self._streams is None:
+            self._streams = {}
+            for task in self.tasks:
+                if not task.receives:
+                    self._streams.setdefault(task.stream, []).append(task)
+        return self._streams
 
 
 # ---- emitting work: as tasks, or as timed parts of one fused task ---------------------------
