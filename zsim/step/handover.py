@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Generator
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import simpy
@@ -41,47 +42,62 @@ class Engine(fixed.Engine, Protocol):
 def replay(engine: Engine, prefix: Prefix) -> dict[Key, simpy.Event]:
     """Record and book every task the prefix ran; the end events of those still running."""
     running: dict[Key, simpy.Event] = {}
-    sends: Counter[tuple[int, float, int, str]] = Counter()  # sends of each kind: how many
-    kinds: dict[tuple[int, float, int, str], Task] = {}
-    passes: Counter[tuple[int, int]] = Counter()
-    templates: dict[tuple[int, int], tuple[Part, ...]] = {}
-    alone: Counter[tuple[int, float]] = Counter()
-    cut = prefix.cut_s
+    tally = _Tally()
     for rank in engine.ranks:
-        tasks = engine.programs[engine.coords(rank)[1]].tasks
-        starts, ends = prefix.start.get(rank, ()), prefix.end.get(rank, ())
-        for index in prefix.ran_indices(rank):
-            task, start, end = tasks[index], starts[index], ends[index]
-            finished, key = end < cut, (rank, index)
-            if task.receives:
-                if finished:
-                    engine.record(rank, task, prefix.sent_at[key], end)
-                continue
-            if task.parts:
-                passes[(rank, id(task.parts))] += 1
-                templates[(rank, id(task.parts))] = task.parts
-                engine.passes.append(_fused(rank, task, start))
-            elif task.comm is not None:
-                send = prefix.sends[key]
-                kind = (rank, task.comm.nbytes, task.comm.peer, str(task.category))
-                sends[kind] += 1
-                kinds[kind] = task
-                if not finished:
-                    running[key] = continue_send(engine, rank, task, send)
-                    continue
-                for flow_set in send.terms.flow_sets:
-                    alone[(flow_set, send.nbytes)] += 1
-            if finished and not task.parts:
-                engine.record(rank, task, start, end)
-            elif not finished:
-                running[key] = engine.env.timeout(end - engine.env.now)
-    for (rank, template), times in passes.items():
-        engine.traffic.book_pass(rank, templates[(rank, template)], engine.pass_calls, times)
-    for kind, times in sends.items():
-        engine.book_send(kind[0], kinds[kind], times)
-    for (flow_set, nbytes), times in alone.items():
+        _replay_rank(engine, prefix, rank, running, tally)
+    for (rank, template), times in Counter(tally.passes).items():
+        engine.traffic.book_pass(rank, tally.templates[template], engine.pass_calls, times)
+    for kind, times in Counter(tally.sends).items():
+        engine.book_send(kind[0], tally.kinds[kind], times)
+    for (flow_set, nbytes), times in Counter(tally.alone).items():
         engine.comms.network.booked.book(flow_set, nbytes, times)
     return running
+
+
+@dataclass
+class _Tally:
+    """What the prefix's tasks book, one entry per task, counted by kind once at the end."""
+
+    passes: list[tuple[int, int]] = field(default_factory=list)  # (rank, id of its parts)
+    templates: dict[int, tuple[Part, ...]] = field(default_factory=dict)
+    sends: list[tuple[int, float, int, str]] = field(default_factory=list)
+    kinds: dict[tuple[int, float, int, str], Task] = field(default_factory=dict)
+    alone: list[tuple[int, float]] = field(default_factory=list)  # (flow set, bytes) arrived
+
+
+def _replay_rank(
+    engine: Engine, prefix: Prefix, rank: int, running: dict[Key, simpy.Event], tally: _Tally
+) -> None:
+    ran = prefix.ran_indices(rank)
+    if not ran:
+        return
+    tasks = engine.programs[engine.coords(rank)[1]].tasks
+    starts, ends, cut = prefix.start[rank], prefix.end[rank], prefix.cut_s
+    passes, record = engine.passes, engine.record
+    for index in ran:
+        task, start, end = tasks[index], starts[index], ends[index]
+        finished = end < cut
+        if task.parts:
+            tally.passes.append((rank, id(task.parts)))
+            tally.templates[id(task.parts)] = task.parts
+            passes.append(_fused(rank, task, start))
+        elif task.receives:
+            if finished:
+                record(rank, task, prefix.sent_at[(rank, index)], end)
+            continue
+        elif task.comm is not None:
+            send = prefix.sends[(rank, index)]
+            kind = (rank, task.comm.nbytes, task.comm.peer, str(task.category))
+            tally.sends.append(kind)
+            tally.kinds[kind] = task
+            if not finished:
+                running[(rank, index)] = continue_send(engine, rank, task, send)
+                continue
+            tally.alone += [(flow_set, send.nbytes) for flow_set in send.terms.flow_sets]
+        if not finished:
+            running[(rank, index)] = engine.env.timeout(end - engine.env.now)
+        elif not task.parts:
+            record(rank, task, start, end)
 
 
 def _fused(rank: int, task: Task, start: float) -> FusedPass:
