@@ -56,10 +56,10 @@ class Group(StrEnum):
     ACROSS = "across"  # ... and the same GPU of every node (its `global_<gpu>` group)
 
 
-@dataclass(frozen=True)
-class Comm:
+class Comm(NamedTuple):
     """A communication call. `nbytes` follows nccl-tests: the full buffer for all-reduce,
-    the output of all-gather, the input of reduce-scatter, the message of a send."""
+    the output of all-gather, the input of reduce-scatter, the message of a send. (A
+    NamedTuple: a pipeline step makes one per send and receive.)"""
 
     op: CollectiveOp
     nbytes: float
