@@ -186,12 +186,8 @@ class Engine:
             for stream_tasks in program.streams().values():
                 self._start_stream(rank, stream_tasks, prefix)
         self.env.run()
-        unfinished = [
-            (rank, i)
-            for rank, events in self.done.items()
-            for i, e in enumerate(events)
-            if e is not None and not e.triggered
-        ]
+        ends = self.done.items()
+        unfinished = [(r, i) for r, ev in ends for i, e in enumerate(ev) if e and not e.triggered]
         if unfinished:
             raise RuntimeError(f"deadlock: {len(unfinished)} tasks never ran, e.g. {unfinished[0]}")
         per_rank = {k: v / len(self.ranks) for k, v in self.traffic.sent.items()}
