@@ -17,7 +17,7 @@ from typing import Any
 import networkx as nx
 import numpy as np
 
-from zsim.cluster.build import Edge, FloatArray, IntArray, Ints, leaf_of, leaves
+from zsim.cluster.build import Edge, FloatArray, IntArray, Ints, distinct, leaf_of, leaves
 from zsim.cluster.fabric import FabricSpec
 
 
@@ -155,7 +155,7 @@ def reach_of(
     node, local = np.divmod(np.asarray(members, dtype=np.int64), gpus)
     present = np.zeros((nodes, gpus), dtype=bool)
     present[node, local] = True
-    hosts = np.unique(node)
+    hosts = distinct(node)
     at_host = present[hosts]  # (hosts, G): which locals each member node holds
     pair = at_host[:, :, None] & at_host[:, None, :] & ~np.eye(gpus, dtype=bool)
     where, a, b = np.nonzero(pair)

@@ -34,6 +34,7 @@ from zsim.cluster.build import (
     FloatArray,
     IntArray,
     digest,
+    distinct,
     edge_arrays,
     edge_names,
     node_template,
@@ -116,7 +117,7 @@ class Topology:
         array = np.asarray(gpus)
         bad = array[(array < 0) | (array >= self.world_size)].tolist()
         require(not bad, field_name, bad[:3], f"GPU ids in 0..{self.world_size - 1} ({self.name})")
-        unique = len(np.unique(array)) == len(array)
+        unique = len(distinct(array)) == len(array)
         require(unique, field_name, list(gpus)[:8], "distinct GPU ids")
 
     # ---- links ------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import simpy
 
+from zsim.cluster.build import distinct, distinct_counts
 from zsim.network.active import ActiveCohorts
 from zsim.network.rates import FlowSets
 
@@ -108,7 +109,7 @@ def solve_alone(
             np.array([s for s, _ in alongside]), np.array([d for _, d in alongside])
         )
         others = theirs.moving_set
-        more = np.unique(sets.flow_set(others).pair_resource) if others >= 0 else None
+        more = distinct(sets.flow_set(others).pair_resource) if others >= 0 else None
         if more is None or len(more) > MAX_COPY_RESOURCES:
             return None
         if theirs.local_count or len(theirs.by_latency) != 1:
@@ -123,6 +124,6 @@ def solve_alone(
     crossing = np.concatenate(
         [sets.flow_set(f).pair_resource for f in (flow_set, others) if f >= 0]
     )
-    used, flows = np.unique(crossing, return_counts=True)
+    used, flows = distinct_counts(crossing)
     loads = tuple((flows * rate).tolist())
     return AloneTerms(flow_set, tuple(used.tolist()), mine.by_latency[0][0], rate, others, loads)

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import simpy
 
-from zsim.cluster.build import CLASSES, FloatArray
+from zsim.cluster.build import CLASSES, FloatArray, distinct
 from zsim.cluster.fabric import Backend
 from zsim.cluster.topology import Topology
 from zsim.network.collective import Algorithm, CollectiveCall, CollectiveOp, Phase, Plan
@@ -203,7 +203,7 @@ class Communicator:
             dst = np.concatenate([p.dst for p in phases]) if phases else np.zeros(0, np.int64)
             routes = self.topology.routes_of(src, dst)
             self._links[call] = frozenset(
-                np.unique(self.topology.resource[routes.pair_link]).tolist()
+                distinct(self.topology.resource[routes.pair_link]).tolist()
             )
         return self._links[call]
 
@@ -233,13 +233,13 @@ class Communicator:
         src, dst = (np.array(side, dtype=np.int64) for side in zip(*others, strict=True))
         routes = self.topology.routes_of(src, dst)
         hit = np.isin(self.topology.resource[routes.pair_link], np.array(sorted(mine)))
-        chosen = set(np.unique(routes.pair_flow[hit]).tolist())
+        chosen = set(distinct(routes.pair_flow[hit]).tolist())
         return [p for i, p in enumerate(others) if i in chosen]
 
     def reach(self, group: tuple[int, ...]) -> frozenset[int]:
         """Every capacity a route between two members of `group` can cross (kept)."""
         if group not in self._reaches:
-            self._reaches[group] = frozenset(np.unique(self.topology.reach(group)).tolist())
+            self._reaches[group] = frozenset(distinct(self.topology.reach(group)).tolist())
         return self._reaches[group]
 
     def shares_links(

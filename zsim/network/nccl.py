@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zsim.cluster.build import IntArray
+from zsim.cluster.build import IntArray, distinct, distinct_counts
 from zsim.cluster.fabric import NicAttach
 from zsim.cluster.nvlink import compute_capability
 from zsim.cluster.topology import Topology
@@ -71,7 +71,7 @@ def nccl_comm(topo: Topology, gpus: IntArray, channels: int) -> NcclComm:
     """What NCCL's tuner knows of a communicator over `gpus`: LL128 is on where GPUs of a
     node talk over NVLink and reach their NICs through PCIe switches (tuning.cc: typeIntra <=
     NVB, typeInter <= PXB)."""
-    nodes = len(np.unique(gpus // topo.gpus_per_node))
+    nodes = len(distinct(gpus // topo.gpus_per_node))
     nvlink = topo.fabric.nvswitch is not None
     near_nic = topo.fabric.nic_attach is NicAttach.PCIE_SWITCH
     return NcclComm(
@@ -259,7 +259,7 @@ def regular_nodes(topo: Topology, group: Sequence[int]) -> IntArray | None:
     """The group's members as nodes x members, or None when nodes hold different numbers."""
     gpus = np.asarray(group, dtype=np.int64)
     node, local = np.divmod(gpus, topo.gpus_per_node)
-    counts = np.unique(node, return_counts=True)[1]
+    counts = distinct_counts(node)[1]
     if (counts != counts[0]).any():
         return None
     return gpus[np.lexsort((local, node))].reshape(len(counts), counts[0])  # as by_node
@@ -353,7 +353,7 @@ def nccl_prefers_tree(topo: Topology, call: CollectiveCall) -> bool:
     if call.algorithm is not Algorithm.AUTO or call.op is not CollectiveOp.ALL_REDUCE:
         return False
     group = np.asarray(call.group)
-    if len(np.unique(group // topo.gpus_per_node)) < 2:
+    if len(distinct(group // topo.gpus_per_node)) < 2:
         return False
     if regular_nodes(topo, call.group) is None:
         return False

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zsim.cluster.build import CLASSES, FloatArray, IntArray, Ints, digest
+from zsim.cluster.build import CLASSES, FloatArray, IntArray, Ints, digest, distinct
 from zsim.cluster.topology import Topology
 
 
@@ -146,7 +146,7 @@ class FlowSets:
         """The distinct capacities a flow set draws on, sorted (found once per set)."""
         found = self._distinct.get(flow_set)
         if found is None:
-            found = self._distinct[flow_set] = np.unique(self._sets[flow_set].pair_resource)
+            found = self._distinct[flow_set] = distinct(self._sets[flow_set].pair_resource)
         return found
 
     def rates(self, flow_sets: tuple[int, ...]) -> list[list[tuple[int, float]]]:

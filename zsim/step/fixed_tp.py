@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from zsim.cluster.build import distinct
 from zsim.cluster.grid import GroupKind, RankGrid
 from zsim.network.collective import CollectiveCall, CollectiveOp
 from zsim.network.communicator import Communicator
@@ -48,7 +49,7 @@ def _tp_links(groups: tuple[tuple[int, ...], ...], comms: Communicator) -> set[i
     superset of any algorithm's flows, so disjoint here means disjoint rings."""
     links, owner = member_pair_links(comms.topology, groups)
     owned = np.unique(np.stack([links, owner]), axis=1)
-    if len(np.unique(owned[0])) < owned.shape[1]:
+    if len(distinct(owned[0])) < owned.shape[1]:
         return None  # some link serves two TP groups: they contend
     return set(owned[0].tolist())
 
@@ -70,4 +71,4 @@ def _pipeline_links(grid: RankGrid, comms: Communicator) -> set[int]:
     src = np.concatenate([stages.ravel(), ahead.ravel()])
     dst = np.concatenate([ahead.ravel(), stages.ravel()])
     routes = comms.topology.routes_of(src, dst)
-    return set(np.unique(comms.topology.resource[routes.pair_link]).tolist())
+    return set(distinct(comms.topology.resource[routes.pair_link]).tolist())
