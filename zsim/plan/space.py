@@ -123,18 +123,20 @@ def layouts(
 def _zero_plus_plus(
     cfg: ParallelConfig, gpus_per_node: int, space: Space
 ) -> Iterator[ParallelConfig]:
-    """ZeRO-3's ZeRO++ variants: qwZ, and across nodes hpZ over a node, alone and with qwZ,
-    qgZ alone and all three (DeepSpeed builds hpZ and qgZ groups from global ranks: data
-    parallelism only)."""
+    """ZeRO-3's ZeRO++ variants: qwZ, and across nodes every combination of hpZ over a node,
+    qwZ and qgZ (each is its own ds_config key; DeepSpeed builds hpZ and qgZ groups from
+    global ranks: data parallelism only)."""
     if not space.zero_plus_plus or cfg.zero_stage is not ZeroStage.PARAMETERS or cfg.dp == 1:
         return
     k, nodes = cfg.knobs, cfg.dp > gpus_per_node and cfg.dp % gpus_per_node == 0
     choices = [replace(k, quantized_weights=True)]
     if cfg.tp == cfg.pp == 1 and nodes:
-        hpz = replace(k, hpz_partition_size=gpus_per_node)
-        qgz = replace(k, quantized_gradients=True)
-        choices += [hpz, replace(hpz, quantized_weights=True), qgz]
-        choices += [replace(hpz, quantized_weights=True, quantized_gradients=True)]
+        hpz = (1, gpus_per_node)
+        choices = [
+            replace(k, hpz_partition_size=h, quantized_weights=w, quantized_gradients=g)
+            for h, w, g in itertools.product(hpz, (False, True), (False, True))
+            if (h, w, g) != (1, False, False)  # plain ZeRO-3: the layout itself
+        ]
     for knobs in choices:
         yield replace(cfg, knobs=knobs)
 
