@@ -1,0 +1,129 @@
+"""Diagnosis only: each top-level module's forward and backward inside DeepSpeed's training
+step, beside the calibration's own microbenchmark of the same layers, in one spell.
+
+    torchrun --nproc_per_node 2 benchmarks/validation/profile_modules.py CASE OUT
+
+CASE: a data-parallel validation case.json (e.g. benchmarks/validation/cpu-1x2-gpt/launch0/
+runs/z0/case.json). Each rank trains the case's engine (the validation worker's `Trainer`) for
+3 steps, then times 6 more with forward and full-backward hooks on the model's top-level
+modules (a transformer's blocks one by one), then runs `zsim.calibrate.micro.layer` for its
+blocks at the case's micro-batch in the same processes, and writes OUT/rank<r>.json. The
+engine's forward and backward beyond their modules' (the loss, the tied weights' accumulation)
+is what the hooks do not see; its gradient all-reduce (`engine.allreduce_gradients`, with its
+copies) is timed by itself. Nothing here feeds a
+profile or a default: what it finds is then measured by a microbenchmark.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+import deepspeed
+import torch
+from deepspeed import comm as dist
+from torch import nn
+
+from zsim.calibrate import micro
+from zsim.calibrate.bench import Bench
+from zsim.calibrate.plan import Plan
+from zsim.validate.layouts import Trainer
+from zsim.validate.train_worker import model_from
+from zsim.workload.model import LayerKind
+
+WARMUP, TIMED = 3, 6
+
+
+def _modules(model: nn.Module) -> dict[str, nn.Module]:
+    """The top-level modules, a module list's members one by one."""
+    found: dict[str, nn.Module] = {}
+    for name, module in model.named_children():
+        if isinstance(module, nn.ModuleList):
+            found |= {f"{name}.{i}": m for i, m in enumerate(module)}
+        else:
+            found[name] = module
+    return found
+
+
+def _hooked(modules: dict[str, nn.Module]) -> dict[str, list[float]]:
+    """Seconds of each module's forward (`name`) and backward (`name.backward`), per call."""
+    times: dict[str, list[float]] = {}
+
+    def start(key: str) -> Any:
+        return lambda *_: times.setdefault(key, []).append(-time.perf_counter())
+
+    def stop(key: str) -> Any:
+        def done(*_: Any) -> None:
+            times[key][-1] += time.perf_counter()
+
+        return done
+
+    for name, m in modules.items():
+        m.register_forward_pre_hook(start(name))
+        m.register_forward_hook(stop(name))
+        m.register_full_backward_pre_hook(start(f"{name}.backward"))
+        m.register_full_backward_hook(stop(f"{name}.backward"))
+    return times
+
+
+def _timed(engine: Any, method: str, times: dict[str, list[float]]) -> None:
+    """The engine's own `method`, timed per call under `engine.<method>`."""
+    run = getattr(engine, method, None)
+    if run is None:
+        return
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return run(*args, **kwargs)
+        finally:
+            times.setdefault(f"engine.{method}", []).append(time.perf_counter() - start)
+
+    setattr(engine, method, timed)
+
+
+def main(argv: list[str]) -> int:
+    case = json.loads(Path(argv[0]).read_text())
+    out = Path(argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    deepspeed.init_distributed(dist_backend="gloo")
+    spec = model_from(case["model"])
+    trainer = Trainer(spec, case["ds_config"], (1, 1, 1234))
+    engine, (x, y) = trainer.engine, trainer.batch
+    times = _hooked(_modules(engine.module))
+    _timed(engine, "allreduce_gradients", times)  # ZeRO-0/1's all-reduce after the backward
+    phases: list[tuple[float, float, float]] = []
+    for i in range(WARMUP + TIMED):
+        if i == WARMUP:
+            times.clear()
+            phases.clear()
+            dist.barrier()
+        t0 = time.perf_counter()
+        loss = engine(x, y)
+        t1 = time.perf_counter()
+        engine.backward(loss)
+        t2 = time.perf_counter()
+        engine.step()
+        phases.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
+    micro_batch = int(case["ds_config"]["train_micro_batch_size_per_gpu"])
+    bench = Bench(Plan(device="cpu", dtype="fp32", models=(spec,)), torch.device("cpu"))
+    rows = micro.layer(bench, spec, LayerKind.BLOCK, micro_batch)
+    result = {
+        "engine_forward_backward_step_s": [statistics.median(p) for p in zip(*phases, strict=True)],
+        "inside_s": {k: statistics.median(v) for k, v in times.items()},
+        "microbenchmark_block_s": {str(r.kind): statistics.median(r.samples_s) for r in rows},
+    }
+    (out / f"rank{dist.get_rank()}.json").write_text(json.dumps(result, indent=2) + "\n")
+    dist.barrier()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
