@@ -10,7 +10,8 @@ modules (a transformer's blocks one by one), then runs `zsim.calibrate.micro.lay
 blocks at the case's micro-batch in the same processes, and writes OUT/rank<r>.json. The
 engine's forward and backward beyond their modules' (the loss, the tied weights' accumulation)
 is what the hooks do not see; its gradient all-reduce (`engine.allreduce_gradients`, with its
-copies) is timed by itself. Nothing here feeds a
+copies) is timed by itself, and its flatten of the gradients into a fresh buffer against the
+same copy into a kept one. Nothing here feeds a
 profile or a default: what it finds is then measured by a microbenchmark.
 """
 
@@ -89,6 +90,27 @@ def _timed(engine: Any, method: str, times: dict[str, list[float]]) -> None:
     setattr(engine, method, timed)
 
 
+def _flatten_s(grads: list[torch.Tensor]) -> dict[str, float]:
+    """DeepSpeed's flatten of the gradients (`allreduce_bucket`: torch.cat into a new buffer)
+    against the same copy into a buffer kept from the call before: the difference is what
+    first touching a fresh allocation costs (glibc maps one above its mmap threshold anew)."""
+    flat = [g.reshape(-1) for g in grads]
+    kept = torch.empty(sum(g.numel() for g in flat), dtype=flat[0].dtype)
+
+    def median_s(run: Any) -> float:
+        times = []
+        for _ in range(TIMED):
+            start = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    dist.barrier()
+    fresh = median_s(lambda: torch.cat(flat))
+    into = median_s(lambda: torch.cat(flat, out=kept))
+    return {"flatten_fresh_s": fresh, "flatten_into_kept_s": into, "bytes": kept.nbytes}
+
+
 def main(argv: list[str]) -> int:
     case = json.loads(Path(argv[0]).read_text())
     out = Path(argv[1])
@@ -115,7 +137,9 @@ def main(argv: list[str]) -> int:
     micro_batch = int(case["ds_config"]["train_micro_batch_size_per_gpu"])
     bench = Bench(Plan(device="cpu", dtype="fp32", models=(spec,)), torch.device("cpu"))
     rows = micro.layer(bench, spec, LayerKind.BLOCK, micro_batch)
+    grads = [torch.ones_like(p) for p in engine.module.parameters()]  # the gradients' shapes
     result = {
+        "flatten": _flatten_s(grads),
         "engine_forward_backward_step_s": [statistics.median(p) for p in zip(*phases, strict=True)],
         "inside_s": {k: statistics.median(v) for k, v in times.items()},
         "microbenchmark_block_s": {str(r.kind): statistics.median(r.samples_s) for r in rows},
