@@ -87,10 +87,13 @@ def zero3_terms(
         scattered = (n - 1) / n * padded * d
     else:
         scatter, scattered = averaged
-    # beyond the backward they overlap, and the last bucket's reduce-scatter in any case: the
-    # backward ends by waiting for it (stage3.py synchronizes the device there)
+    # on the one stream the reduce-scatters start once the backward's gathers are done and the
+    # first bucket is full (its share of the backward, gradients arriving evenly); beyond the
+    # backward they overlap, and the last bucket's in any case: the backward ends by waiting
+    # for it (stage3.py synchronizes the device there)
     buckets = max(1, math.ceil(params / cfg.knobs.reduce_bucket_size))
-    tail = back_wait + max(back_s + scatter - backward, scatter / buckets)
+    filled = backward * min(1.0, cfg.knobs.reduce_bucket_size / max(params, 1.0))
+    tail = back_wait + max(max(back_s, filled) + scatter - backward, scatter / buckets)
     first = first_wait + max(0.0, first_s - forward)
     exposed = first + tail + (m - 1) * (again_wait + max(0.0, again_s - forward) + tail)
     if quantized:  # each gather's dequantize, on the compute stream
