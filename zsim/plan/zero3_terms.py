@@ -88,9 +88,8 @@ def zero3_terms(
     else:
         scatter, scattered = averaged
     # on the one stream the reduce-scatters start once the backward's gathers are done and the
-    # first bucket is full (its share of the backward, gradients arriving evenly); beyond the
-    # backward they overlap, and the last bucket's in any case: the backward ends by waiting
-    # for it (stage3.py synchronizes the device there)
+    # first bucket is full (its share of the backward); beyond the backward they overlap, and
+    # the last bucket's in any case: the backward waits for it (stage3.py synchronizes there)
     buckets = max(1, math.ceil(params / cfg.knobs.reduce_bucket_size))
     filled = backward * min(1.0, cfg.knobs.reduce_bucket_size / max(params, 1.0))
     tail = back_wait + max(max(back_s, filled) + scatter - backward, scatter / buckets)
