@@ -87,18 +87,36 @@ def zero3_terms(
         scattered = (n - 1) / n * padded * d
     else:
         scatter, scattered = averaged
-    # on the one stream the reduce-scatters start once the backward's gathers are done and the
-    # first bucket is full (its share of the backward); beyond the backward they overlap, and
-    # the last bucket's in any case: the backward waits for it (stage3.py synchronizes there)
+    # beyond the backward they overlap, and the last bucket's reduce-scatter in any case: the
+    # backward waits for it (stage3.py synchronizes the device there)
     buckets = max(1, math.ceil(params / cfg.knobs.reduce_bucket_size))
-    filled = backward * min(1.0, cfg.knobs.reduce_bucket_size / max(params, 1.0))
-    tail = back_wait + max(max(back_s, filled) + scatter - backward, scatter / buckets)
+    ends = _backward_comm_end(cfg, backward, back_s, scatter, params, later is everyone)
+    tail = back_wait + max(ends - backward, scatter / buckets)
     first = first_wait + max(0.0, first_s - forward)
     exposed = first + tail + (m - 1) * (again_wait + max(0.0, again_s - forward) + tail)
     if quantized:  # each gather's dequantize, on the compute stream
         exposed += m * device.copy_time_s(1.5 * (ahead + behind), dtype)
     sent = first_b + (m - 1) * again_b + m * (back_b + scattered)
     return exposed, sent
+
+
+def _backward_comm_end(
+    cfg: ParallelConfig,
+    backward: float,
+    gathers: float,
+    scatter: float,
+    params: float,
+    same_group: bool,
+) -> float:
+    """When a micro-step's backward gathers and reduce-scatters end, from its start. The
+    reduce-scatters begin once the first bucket is full (its share of the backward, gradients
+    arriving evenly: DeepSpeed's IPG bucket); on one NCCL stream (an mpu), or with the gathers
+    on the same group's links, after the gathers too; on two communicators with hpZ's gathers
+    inside the node, beside them."""
+    filled = backward * min(1.0, cfg.knobs.reduce_bucket_size / max(params, 1.0))
+    if cfg.one_dp_group or same_group:
+        return max(gathers, filled) + scatter
+    return max(gathers, filled + scatter)
 
 
 def _gather_s(
