@@ -3,8 +3,10 @@
 Per micro-step the compute waits for each module's own (blocking) fetch whole, as nothing is
 ahead of it to hide behind (DeepSpeed's coordinator fetches a module that is not yet available
 and waits: the forward's first module, the embedding, at least), for the prefetches beyond the
-forward they run behind, and for the backward's prefetches and reduce-scatters (one NCCL stream
-where one group serves both) beyond the backward. With hpZ only the first forward after a
+forward they run behind, and for the backward's prefetches and reduce-scatters beyond the
+backward: the reduce-scatters start when the first bucket is full, after the prefetches on one
+NCCL stream (an mpu) or on one group's links, beside them otherwise (two communicators, hpZ's
+prefetches inside the node: `_backward_comm_end`). With hpZ only the first forward after a
 step gathers over every data-parallel rank; every later gather runs in the rank's secondary
 group of h consecutive ranks (its parameters' secondary partition exists from their first
 release to the step: `zsim.step.zero3`). qwZ gathers int8 values and fp32 scales, paying a
