@@ -32,7 +32,7 @@ from zsim.memory import stage_params
 from zsim.network.collective import CollectiveCall, CollectiveOp
 from zsim.network.communicator import Communicator, simulate_s
 from zsim.plan.fsdp_terms import FsdpGroups, fsdp_groups, fsdp_terms
-from zsim.plan.qgz_terms import qgz_terms
+from zsim.plan.qgz_terms import Averaged, qgz_terms
 from zsim.plan.zero3_terms import GatherSums, zero3_terms
 from zsim.step import fsdp
 from zsim.step.job import StageJob
@@ -99,7 +99,7 @@ class Estimator:
         self._gathered = GatherSums(model)
         self._units: dict[tuple[int, int, int], list[fsdp.Unit]] = {}  # by (tp, stage, pp)
         self._fsdp_groups: dict[tuple[int, int], FsdpGroups] = {}  # by (h, id(dp group))
-        self._averaged: dict[tuple[object, ...], tuple[float, float]] = {}  # qgZ, by DP group
+        self._averaged: dict[tuple[object, ...], Averaged] = {}  # qgZ, by DP group
 
     # ---- pieces ----
 
@@ -332,7 +332,7 @@ class Estimator:
 
         return fsdp_terms(cfg, self.device, collective, (shard, replicas), self._units[key], passes)
 
-    def _qgz(self, cfg: ParallelConfig, group: tuple[int, ...]) -> tuple[float, float] | None:
+    def _qgz(self, cfg: ParallelConfig, group: tuple[int, ...]) -> Averaged | None:
         """qgZ's averaging of the rank's gradients (data parallelism only: one stage)."""
         node, key = self.topology.gpus_per_node, ("qgz", id(group), cfg.precision)
         if not cfg.qgz_nodes(node):

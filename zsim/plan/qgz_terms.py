@@ -16,6 +16,7 @@ from zsim.step.qgz import tensor_ops
 from zsim.step.zero_reduce import bucket_passes
 from zsim.workload.model import ParamTensor
 
+Averaged = tuple[float, float, float]  # seconds, bytes sent, seconds of the calls across nodes
 Peered = Callable[[CollectiveOp, float, tuple[int, ...], tuple[tuple[int, ...], ...]], float]
 
 
@@ -26,17 +27,17 @@ def qgz_terms(
     peers: tuple[tuple[int, ...], ...],
     group: tuple[int, ...],
     kept: Keep,
-) -> tuple[float, float]:
-    """(seconds, bytes one GPU sends) of one micro-step's averaging of the rank's gradients,
-    the buckets' copies included (they run on the same stream). `group`: the data-parallel
-    group, `peers` the calls beside it; the node's and the stride's all-to-alls run beside
-    every node's and every stride's."""
+) -> Averaged:
+    """(seconds, bytes one GPU sends, seconds of the calls across the nodes) of one
+    micro-step's averaging of the rank's gradients, the buckets' copies included (they run on
+    the same stream). `group`: the data-parallel group, `peers` the calls beside it; the
+    node's and the stride's all-to-alls run beside every node's and every stride's."""
     local, across, beside = fsdp_groups(group, peers, job.node_gpus, kept)
     groups = {Group.DP: group, Group.NODE: local, Group.ACROSS: across}
     b, world, dtype = job.element_bytes, job.cfg.world_size, job.dtype
     tensors = job.tensors()
     before, after = bucket_passes(job, tensors)
-    seconds, sent = device.copy_time_s(before + after, dtype), 0.0
+    seconds, sent, crossing = device.copy_time_s(before + after, dtype), 0.0, 0.0
     kinds = Counter((t.numel, t.shape) for t in tensors)  # a model repeats a few shapes
     for (numel, shape), count in kinds.items():
         tensor = ParamTensor("", numel, True, shape)
@@ -45,8 +46,8 @@ def qgz_terms(
                 seconds += count * device.copy_time_s(op.copied, dtype)
                 continue
             members = groups[op.comm.group]
-            seconds += count * collective_s(
-                op.comm.op, op.comm.nbytes, members, beside[id(members)]
-            )
+            call_s = count * collective_s(op.comm.op, op.comm.nbytes, members, beside[id(members)])
+            seconds += call_s
+            crossing += call_s if op.comm.group is not Group.NODE else 0.0
             sent += count * (len(members) - 1) / len(members) * op.comm.nbytes
-    return seconds, sent
+    return seconds, sent, crossing

@@ -49,15 +49,16 @@ def zero3_terms(
     sizes: tuple[float, float],
     gathered: Gathered,
     passes: tuple[float, float],
-    averaged: tuple[float, float] | None = None,
+    averaged: tuple[float, float, float] | None = None,
 ) -> tuple[float, float]:
     """(exposed seconds, bytes one GPU sends) of a step's ZeRO-3 collectives: `groups` are the
     data-parallel group and the one later gathers use (itself without hpZ); `sizes` the rank's
     parameters and their padded count (what the reduce-scatters take); `gathered` what a
     micro-step's forward and backward gather (DeepSpeed's coordinator, replayed: a model
     within `stage3_max_reuse_distance` stays gathered into its backward); `passes` a
-    micro-step's forward and backward; `averaged` the (seconds, bytes sent) of a micro-step's
-    gradient averaging where it is not the reduce-scatters (qgZ: `zsim.plan.qgz_terms`)."""
+    micro-step's forward and backward; `averaged` the (seconds, bytes sent, seconds across
+    the nodes) of a micro-step's gradient averaging where it is not the reduce-scatters
+    (qgZ: `zsim.plan.qgz_terms`)."""
     (forward, backward), (params, padded), ahead = passes, sizes, gathered.forward
     d, m = cfg.precision.bytes, cfg.grad_accum
     dtype, quantized = str(cfg.precision), cfg.knobs.quantized_weights
@@ -86,13 +87,13 @@ def zero3_terms(
         scatter = collective_s(CollectiveOp.REDUCE_SCATTER, padded * d, everyone)
         # the buckets' copies run beside the reduce-scatters, on the reduction stream
         scatter += device.copy_time_s(4 * d * params, dtype)
-        scattered = (n - 1) / n * padded * d
+        scattered, across = (n - 1) / n * padded * d, scatter
     else:
-        scatter, scattered = averaged
-    # beyond the backward they overlap, and the last bucket's reduce-scatter in any case: the
-    # backward waits for it (stage3.py synchronizes the device there)
+        scatter, scattered, across = averaged
+    # beyond the backward they overlap, the last bucket's in any case (stage3.py synchronizes)
     buckets = max(1, math.ceil(params / cfg.knobs.reduce_bucket_size))
-    ends = _backward_comm_end(cfg, backward, back_s, scatter, params, later is everyone)
+    shared = across if later is everyone else 0.0  # on the gathers' links (hpZ: inside nodes)
+    ends = _backward_comm_end(cfg, backward, (back_s, scatter, shared), params)
     tail = back_wait + max(ends - backward, scatter / buckets)
     first = first_wait + max(0.0, first_s - forward)
     exposed = first + tail + (m - 1) * (again_wait + max(0.0, again_s - forward) + tail)
@@ -103,22 +104,18 @@ def zero3_terms(
 
 
 def _backward_comm_end(
-    cfg: ParallelConfig,
-    backward: float,
-    gathers: float,
-    scatter: float,
-    params: float,
-    same_group: bool,
+    cfg: ParallelConfig, backward: float, calls: tuple[float, float, float], params: float
 ) -> float:
-    """When a micro-step's backward gathers and reduce-scatters end, from its start. The
-    reduce-scatters begin once the first bucket is full (its share of the backward, gradients
-    arriving evenly: DeepSpeed's IPG bucket); on one NCCL stream (an mpu), or with the gathers
-    on the same group's links, after the gathers too; on two communicators with hpZ's gathers
-    inside the node, beside them."""
+    """When a micro-step's backward gathers and gradient reductions end, from its start
+    (`calls`: the gathers' seconds, the reductions', and those of the reductions that cross
+    the gathers' links). The reductions begin once the first bucket is full (its share of the
+    backward, gradients arriving evenly: DeepSpeed's IPG bucket); on one NCCL stream (an mpu)
+    after the gathers; on two communicators beside them, sharing the links they share."""
+    gathers, reductions, shared = calls
     filled = backward * min(1.0, cfg.knobs.reduce_bucket_size / max(params, 1.0))
-    if cfg.one_dp_group or same_group:
-        return max(gathers, filled) + scatter
-    return max(gathers, filled + scatter)
+    if cfg.one_dp_group:
+        return max(gathers, filled) + reductions
+    return max(gathers + shared, filled + reductions)
 
 
 def _gather_s(
