@@ -84,19 +84,10 @@ class Prefix:
         default_factory=dict
     )
 
-    def cut(self, cut_s: float) -> None:
-        """Keep the times up to `cut_s`: the tasks from then on are the event loop's."""
-        self.cut_s = cut_s
-
     def ran(self, rank: int, index: int) -> bool:
         """Whether the task started before the cut: it is the prefix's."""
         starts = self.start.get(rank)
         return starts is not None and starts[index] < self.cut_s  # NaN: False
-
-    def finished(self, rank: int, index: int) -> bool:
-        """Whether it also ended before the cut."""
-        ends = self.end.get(rank)
-        return ends is not None and ends[index] < self.cut_s
 
     def finished_mask(self, rank: int, tasks: int) -> list[bool]:
         """By task index, whether each of the rank's `tasks` ended before the cut."""
@@ -147,7 +138,7 @@ def time_prefix(engine: Engine) -> Prefix:
     ends = [e for per_rank in prefix.end.values() for e in per_rank if e == e]
     last = max(ends, default=0.0)  # all fixed-time: the event loop ends there
     crowded = _first_crowding(prefix.sends.values(), engine.comms.topology.bandwidth_bytes_per_s)
-    prefix.cut(min([*starts_left, crowded, last]))
+    prefix.cut_s = min([*starts_left, crowded, last])  # the tasks from then on: the event loop's
     return prefix
 
 
