@@ -11,8 +11,11 @@ blocks at the case's micro-batch in the same processes, and writes OUT/rank<r>.j
 engine's forward and backward beyond their modules' (the loss, the tied weights' accumulation)
 is what the hooks do not see; its gradient all-reduce (`engine.allreduce_gradients`, with its
 copies) is timed by itself, and its flatten of the gradients into a fresh buffer against the
-same copy into a kept one. Nothing here feeds a
-profile or a default: what it finds is then measured by a microbenchmark.
+same copy into a kept one. It runs under the testbed's allocator settings
+(`zsim.testbed.procs.CPU_ALLOCATOR_ENV`, re-executing itself with them), as calibration and
+validation do: without them glibc maps every block above 32 MiB anew and the step pays page
+faults a validation run does not. Nothing here feeds a profile or a default: what it finds
+is then measured by a microbenchmark.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from torch import nn
 from zsim.calibrate import micro
 from zsim.calibrate.bench import Bench
 from zsim.calibrate.plan import Plan
+from zsim.testbed.procs import CPU_ALLOCATOR_ENV
 from zsim.validate.layouts import Trainer
 from zsim.validate.train_worker import model_from
 from zsim.workload.model import LayerKind
@@ -112,6 +116,9 @@ def _flatten_s(grads: list[torch.Tensor]) -> dict[str, float]:
 
 
 def main(argv: list[str]) -> int:
+    if any(os.environ.get(k) != v for k, v in CPU_ALLOCATOR_ENV.items()):
+        # glibc reads its tunables at start-up: run again with them (torchrun's env kept)
+        os.execve(sys.executable, [sys.executable, *sys.argv], os.environ | CPU_ALLOCATOR_ENV)
     case = json.loads(Path(argv[0]).read_text())
     out = Path(argv[1])
     out.mkdir(parents=True, exist_ok=True)
