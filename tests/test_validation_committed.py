@@ -49,11 +49,6 @@ def test_this_zsim_predicts_the_committed_runs_no_worse_than_when_they_ran(commi
     assert _mape([e[-1] for e in errors]) <= max(MAPE_LIMIT_PCT, _mape(recorded)) + 0.1, errors
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not met: the committed runs (pp 2 re-run 2026-12-04) read MAPE 12.3 % over 36 cases "
-    "(1x2 GPT -21 to -29 %, 1x4 +16 to +29 %; benchmarks/validation/README.md)",
-)
 def test_the_loop_mape_is_within_issue_15s_limit(committed):
     assert _mape([c.error_pct for c in committed]) <= MAPE_LIMIT_PCT
 
