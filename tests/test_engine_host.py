@@ -199,3 +199,69 @@ def test_an_fsdp_step_pays_per_unit_and_per_tensor():
     with_host = simulate(model, cfg, topo, host).step_time_s
     without = simulate(model, off(cfg), topo, host).step_time_s
     assert with_host - without == pytest.approx(2 * (0.001 + 8 * 0.002 + 16 * 0.0005), rel=1e-6)
+
+
+def test_fsdps_cost_per_unit_of_each_swept_size_comes_back_from_wider_tiny_steps():
+    """The unit-size sweep: 8 one-tensor units of 1 and 16 MiB (Linear(512) and
+    Linear(2048)), each built to cost a known amount per unit beyond the 16 KiB tiny unit's,
+    give back those amounts beside the tiny fit's three."""
+    from zsim.calibrate.engine_fit import BIASED, HOST_SUFFIX, WIDER, tiny_fsdp_case
+
+    bare = replace(PROFILE, engine_host_s={})
+    topo = presets.topology(TOPOLOGY)
+    call_s, unit_s, tensor_s = 0.002, 0.0012, 0.0003
+    beyond = {512: 0.0004, 2048: 0.0019}  # s a unit of 1 and 16 MiB pays beyond a tiny one
+    rows = []
+    for layers, bias, width in ((8, False, 64), (16, False, 64), (8, True, 64),
+                                (8, False, 512), (8, False, 2048)):  # fmt: skip
+        case = tiny_fsdp_case("full", topo.world_size)
+        report = simulate(tiny_model(layers, bias, width), case, topo, bare)
+        phases = simulated_phases(report.engine.all_spans(), 0, report.step_time_s)
+        tensors = 2 * layers if bias else layers
+        t = phases["forward"] - phases["forward_comm"] + call_s + unit_s * layers
+        t += tensor_s * tensors + beyond.get(width, 0.0) * layers
+        call = f"fsdp-full{BIASED if bias else ''}{f'{WIDER}{width}' if width != 64 else ''}"
+        op = f"{call}.forward{HOST_SUFFIX}"
+        rows.append(Measurement(Kind.ENGINE_HOST, op, "fp32", (t,) * 5, params=layers))
+    found = engine_host_s(PROFILE, rows, TOPOLOGY)
+    expected = {"fsdp-full.forward": call_s, "fsdp-full.forward_per_unit": unit_s,
+                "fsdp-full.forward_per_tensor": tensor_s,
+                "fsdp-full.forward_per_unit_at_1MiB": beyond[512],
+                "fsdp-full.forward_per_unit_at_16MiB": beyond[2048]}  # fmt: skip
+    assert found == pytest.approx(expected, abs=1e-9)
+
+
+def test_a_units_cost_beyond_the_tiny_ones_is_linear_in_its_bytes_between_measured_sizes():
+    """0 at the tiny unit's 16 KiB and below, the measured values at 1 and 16 MiB, straight
+    lines between, the last line's slope beyond; nothing where the profile swept no sizes."""
+    from zsim.cluster.device import unit_size_extra_s
+
+    host = {"c_per_unit_at_1MiB": 0.0004, "c_per_unit_at_16MiB": 0.0019}
+    mib, tiny = 1 << 20, 16384
+    assert unit_size_extra_s(host, "c", tiny) == 0.0
+    assert unit_size_extra_s(host, "c", 100) == 0.0
+    assert unit_size_extra_s(host, "c", mib) == pytest.approx(0.0004)
+    assert unit_size_extra_s(host, "c", (mib + tiny) / 2) == pytest.approx(0.0002)
+    assert unit_size_extra_s(host, "c", 4 * mib) == pytest.approx(0.0004 + 0.0015 * 3 / 15)
+    assert unit_size_extra_s(host, "c", 31 * mib) == pytest.approx(0.0019 + 0.0015)
+    assert unit_size_extra_s({}, "c", 4 * mib) == 0.0
+
+
+def test_an_fsdp_step_pays_for_its_units_size():
+    """The toy MLP at hidden 1024 under FSDP: 8 units of 1024 x 1024 + 1024 fp32 parameters
+    (4.004 MiB) each pay the interpolated cost beyond a tiny unit's in each of 2 forwards."""
+    from zsim.workload.model_presets import with_overrides
+    from zsim.workload.parallel import DpEngine
+
+    costs = {"fsdp-full.forward_per_unit_at_1MiB": 0.0004,
+             "fsdp-full.forward_per_unit_at_16MiB": 0.0019}  # fmt: skip
+    host = replace(PROFILE, engine_host_s=costs)
+    cfg = ParallelConfig(dp=2, zero_stage=ZeroStage.PARAMETERS, micro_batch=4, grad_accum=2,
+                         precision=Precision.FP32, dp_engine=DpEngine.FSDP)  # fmt: skip
+    topo = presets.topology(TOPOLOGY)
+    model = with_overrides(preset("toy-mlp"), hidden=1024)
+    with_host = simulate(model, cfg, topo, host).step_time_s
+    without = simulate(model, off(cfg), topo, host).step_time_s
+    unit_mib = (1024 * 1024 + 1024) * 4 / (1 << 20)
+    per_unit = 0.0004 + 0.0015 * (unit_mib - 1) / 15
+    assert with_host - without == pytest.approx(2 * 8 * per_unit, rel=1e-6)

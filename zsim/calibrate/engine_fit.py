@@ -7,15 +7,25 @@ simulator charges them once per call on a CPU rank (`DeviceProfile.engine_host_s
 "z<stage>.<phase>" and "z<stage>.<phase>_per_tensor"; `step.job.StageJob.engine_host_s`).
 DeepSpeed's PipelineEngine likewise, per instruction ("pipe<stage>.<phase>", `pipe_host`):
 rank 0's (the first stage's) time per call against the simulated tiny pipeline's on rank 0.
-PyTorch FSDP2 likewise ("fsdp-<sharding>.<phase>", `fsdp_host`), each tiny layer a unit."""
+PyTorch FSDP2 likewise ("fsdp-<sharding>.<phase>", `fsdp_host`), each tiny layer a unit; its
+cost per unit grows with the unit's bytes (`benchmarks/validation/README.md`, 2026-12-04: 0.6
+ms a 16 KiB unit's forward, 1.3-1.4 a 4 MiB one's beyond the simulated copies and GEMMs), so
+the same step at wider layers ("fsdp-full@2048") gives what a unit of each size costs beyond
+the tiny one's ("..._per_unit_at_16MiB"; `device.unit_size_extra_s`)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 
 from zsim.calibrate.measurement import Kind, Measurement
-from zsim.cluster.device import DeviceProfile
+from zsim.cluster.device import (
+    FSDP_TINY_UNIT_BYTES,
+    FSDP_UNIT_SWEEP_MIB,
+    DeviceProfile,
+    per_unit_at_key,
+)
 from zsim.cluster.topology import Topology
 from zsim.step.phases import PHASES
 from zsim.workload.model import ModelSpec
@@ -33,24 +43,48 @@ CALLS = (
     *(f"pipe{s}" for s in PIPE_STAGES),
     *(f"fsdp-{s}" for s in FSDP_SHARDINGS),
 )
+_FSDP_UNIT = ("_per_unit", *(per_unit_at_key("", mib) for mib in FSDP_UNIT_SWEEP_MIB))
 ENGINE_CALLS = tuple(
     f"{call}.{phase}{unit}"
     for call in CALLS
     for phase in (PIPE_PHASES if call.startswith("pipe") else PHASES)
-    for unit in ("", "_per_tensor", *(("_per_unit",) if call.startswith("fsdp-") else ()))
+    for unit in ("", "_per_tensor", *(_FSDP_UNIT if call.startswith("fsdp-") else ()))
 )
 """The keys of a profile's `engine_host_s`: seconds per call, per parameter tensor and (FSDP)
-per unit."""
+per unit, and what a unit of each swept size costs beyond the tiny one's."""
 BIASED = "+bias"  # a call's tiny model with biases: two tensors per layer ("fsdp-full+bias")
 WIDTH = 64  # kernels of microseconds: the step is mostly the engine's own time
+WIDER = "@"  # a call's tiny model at another width ("fsdp-full@2048"): FSDP2's unit-size sweep
+assert 4 * WIDTH * WIDTH == FSDP_TINY_UNIT_BYTES
 MICRO_BATCH = 4
 HOST_SUFFIX = "_host"  # a phase's time outside collectives ("z3.forward_host")
 
 
-def tiny_model(layers: int, bias: bool = False) -> ModelSpec:
-    """The model the microbenchmark trains: `layers` x Linear(WIDTH, WIDTH), no bias (with
+def tiny_model(layers: int, bias: bool = False, width: int = WIDTH) -> ModelSpec:
+    """The model the microbenchmark trains: `layers` x Linear(width, width), no bias (with
     `bias`, two tensors a layer: FSDP's cost per unit and per tensor apart)."""
-    return replace(with_overrides(preset("toy-mlp"), layers=layers, hidden=WIDTH), bias=bias)
+    return replace(with_overrides(preset("toy-mlp"), layers=layers, hidden=width), bias=bias)
+
+
+def sweep_width(mib: int) -> int:
+    """The width whose Linear(width, width) holds `mib` MiB of fp32 parameters."""
+    return math.isqrt((mib << 20) // 4)
+
+
+def call_model(call: str, layers: int) -> ModelSpec:
+    """The tiny model of a microbenchmark call ("z3", "fsdp-full+bias", "fsdp-full@2048")."""
+    width = int(call.split(WIDER)[1]) if WIDER in call else WIDTH
+    return tiny_model(layers, call.endswith(BIASED), width)
+
+
+def fsdp_sharding(call: str) -> str:
+    """The sharding of an FSDP2 call ("fsdp-grad-op@2048" -> "grad-op")."""
+    return call.removeprefix("fsdp-").split(WIDER)[0].removesuffix(BIASED)
+
+
+def call_layers(call: str) -> tuple[int, ...]:
+    """The layer counts a call is timed at: both for a line in the tensors, else the first."""
+    return LAYERS[:1] if call.endswith(BIASED) or WIDER in call else LAYERS
 
 
 def tiny_case(stage: int, world: int) -> ParallelConfig:
@@ -98,16 +132,38 @@ def engine_host_s(
     topo = presets.topology(topology)
     bare = replace(profile, engine_host_s={})
     extra: dict[str, list[tuple[int, int, float]]] = {}
+    wide: dict[str, list[tuple[int, int, float]]] = {}  # FSDP2's sweep: key -> (MiB, units, s)
     for call, layers in sorted({(r.op.split(".")[0], r.params) for r in chosen}):
         simulated = _simulated(call, layers, bare, topo)
+        base, _, width = call.partition(WIDER)
         for r in chosen:
             if r.op.startswith(f"{call}.") and r.params == layers:
                 beyond = r.median_s - simulated[r.op.split(".")[1]]
                 held = layers // topo.world_size if call.startswith("pipe") else layers
-                key = r.op.removesuffix(HOST_SUFFIX).replace(BIASED, "")
+                phase = r.op.split(".")[1].removesuffix(HOST_SUFFIX)
+                key = f"{base.replace(BIASED, '')}.{phase}"
+                if width:
+                    mib = 4 * int(width) ** 2 >> 20
+                    wide.setdefault(key, []).append((mib, held, beyond))
+                    continue
                 tensors = 2 * held if call.endswith(BIASED) else held
                 extra.setdefault(key, []).append((held, tensors, beyond))  # rank 0's
-    return {k: v for key, points in extra.items() for k, v in _line(key, points).items()}
+    out = {k: v for key, points in extra.items() for k, v in _line(key, points).items()}
+    return out | _unit_sizes(out, wide)
+
+
+def _unit_sizes(
+    fitted: dict[str, float], wide: dict[str, list[tuple[int, int, float]]]
+) -> dict[str, float]:
+    """What a unit of each swept size costs per call beyond the tiny unit's: the sweep's
+    one-tensor units, less what the tiny fit charges them, per unit; at least 0."""
+    out = {}
+    for key, points in wide.items():
+        per_unit = fitted.get(f"{key}_per_unit", 0.0) + fitted.get(f"{key}_per_tensor", 0.0)
+        for mib, units, beyond in points:
+            tiny = fitted.get(key, 0.0) + per_unit * units
+            out[per_unit_at_key(key, mib)] = max(0.0, (beyond - tiny) / units)
+    return out
 
 
 def _line(key: str, points: list[tuple[int, int, float]]) -> dict[str, float]:
@@ -135,11 +191,11 @@ def _simulated(call: str, layers: int, bare: DeviceProfile, topo: Topology) -> d
 
     pipe, world = call.startswith("pipe"), topo.world_size
     if call.startswith("fsdp-"):
-        case = tiny_fsdp_case(call.removeprefix("fsdp-").removesuffix(BIASED), world)
+        case = tiny_fsdp_case(fsdp_sharding(call), world)
     else:
         stage = int(call.removeprefix("pipe" if pipe else "z"))
         case = (tiny_pipe_case if pipe else tiny_case)(stage, world)
-    report = simulate(tiny_model(layers, call.endswith(BIASED)), case, topo, bare)
+    report = simulate(call_model(call, layers), case, topo, bare)
     spans = report.engine.all_spans()
     if not pipe:
         phases = simulated_phases(spans, 0, report.step_time_s)

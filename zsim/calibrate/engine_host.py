@@ -27,12 +27,11 @@ import torch.distributed as dist
 from torch import nn
 
 from zsim.calibrate.engine_fit import (
-    BIASED,
     HOST_SUFFIX,
-    LAYERS,
     MICRO_BATCH,
+    call_layers,
+    call_model,
     tiny_case,
-    tiny_model,
 )
 from zsim.calibrate.measurement import Kind, Measurement
 from zsim.step.phases import PHASES
@@ -57,15 +56,15 @@ def engine_host(dtype: str) -> list[Measurement]:
 
 
 def host_rows(dtype: str, engines: Mapping[str, Callable[[nn.Module], Any]]) -> list[Measurement]:
-    """For each call ("z<stage>", "fsdp-<sharding>") and layer count, the tiny model's steps
+    """For each call ("z<stage>", "fsdp-<sharding>", `engine_fit.call_model`'s) and layer
+    count (`call_layers`), the tiny model's steps
     on the engine its builder makes, two rows per phase (rank 0's): "<call>.<phase>", the
     phase's wall time, and "<call>.<phase>_host", the same less the time the rank's thread
     spent inside collectives (what `engine_fit` reads)."""
     rows = []
     for call, build in engines.items():
-        biased = call.endswith(BIASED)  # one layer count: per tensor apart from per unit
-        for layers in LAYERS[:1] if biased else LAYERS:
-            times = _steps(build, tiny_model(layers, biased))
+        for layers in call_layers(call):
+            times = _steps(build, call_model(call, layers))
             for phase in (*PHASES, *(f"{p}{HOST_SUFFIX}" for p in PHASES)):
                 samples = max_over_ranks([t[phase] for t in times])
                 op = f"{call}.{phase}"

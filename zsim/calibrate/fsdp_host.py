@@ -9,7 +9,8 @@ forward outside its collectives where the simulator charged 10 ms of kernels and
 bookkeeping of each gather and reduction) and torch's Adam and clip_grad_norm_ over DTensors.
 `engine_fit` subtracts the simulated tiny step and keeps a cost per call, per unit and per
 parameter tensor, per sharding and phase: 8 and 16 layers of one tensor each give per unit
-plus per tensor, 8 layers with biases (two tensors each) per tensor alone.
+plus per tensor, 8 layers with biases (two tensors each) per tensor alone, and 8 layers of
+1 and 16 MiB (`device.FSDP_UNIT_SWEEP_MIB`) what a unit of that size costs beyond.
 """
 
 from __future__ import annotations
@@ -20,16 +21,20 @@ from typing import Any
 import torch
 from torch import nn
 
-from zsim.calibrate.engine_fit import BIASED, FSDP_SHARDINGS
+from zsim.calibrate.engine_fit import BIASED, FSDP_SHARDINGS, WIDER, fsdp_sharding, sweep_width
 from zsim.calibrate.engine_host import host_rows
 from zsim.calibrate.measurement import Measurement
+from zsim.cluster.device import FSDP_UNIT_SWEEP_MIB
 
 
 def fsdp_host(dtype: str) -> list[Measurement]:
     """Every rank runs this together; rank 0 keeps the rows: per sharding and phase, the
     slowest rank's time of each step."""
-    engines = {f"fsdp-{s}{b}": partial(_fsdp, s) for s in FSDP_SHARDINGS for b in ("", BIASED)}
-    return host_rows(dtype, engines)
+    calls = [f"fsdp-{s}{v}" for s in FSDP_SHARDINGS for v in ("", BIASED, *SWEEP)]
+    return host_rows(dtype, {call: partial(_fsdp, fsdp_sharding(call)) for call in calls})
+
+
+SWEEP = tuple(f"{WIDER}{sweep_width(mib)}" for mib in FSDP_UNIT_SWEEP_MIB)  # "@512", "@2048"
 
 
 def _fsdp(sharding: str, model: nn.Module) -> Any:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from itertools import pairwise
 
 from zsim.errors import InputError
 from zsim.workload.model import ComputeOp, LayerKind, ModelKind, ModelSpec, OpKind
@@ -158,6 +159,36 @@ master weight, m and v are each read and written (3 x 2 x 4 = 24) and the gradie
 also 4). Calibration times torch's AdamW per parameter and reports
 `optimizer_bytes_per_s = params_per_s * ADAM_STEP_BYTES_PER_PARAM`, so a simulator that charges
 `params * ADAM_STEP_BYTES_PER_PARAM / optimizer_bytes_per_s` recovers the measured time."""
+
+
+FSDP_TINY_UNIT_BYTES = 4 * 64 * 64
+"""A unit of the host-time microbenchmark's tiny FSDP2 step (Linear(64, 64), fp32): its costs
+per call, unit and tensor (`calibrate.engine_fit`) are what a unit of this size pays."""
+FSDP_UNIT_SWEEP_MIB = (1, 16)
+"""Unit sizes (MiB of fp32 parameters) at which calibration also times that step: what a
+unit of each size costs beyond the tiny one's is engine_host_s "<call>_per_unit_at_<n>MiB"."""
+
+
+def per_unit_at_key(call: str, mib: int) -> str:
+    return f"{call}_per_unit_at_{mib}MiB"
+
+
+def unit_size_extra_s(host: Mapping[str, float], call: str, unit_bytes: float) -> float:
+    """What one FSDP2 unit of `unit_bytes` costs per `call` beyond the tiny unit's: linear in
+    the unit's bytes between the measured sizes (0 at the tiny unit's and below it), on the
+    last two's slope beyond the largest; 0 where the profile measured no sizes."""
+    points = [(float(FSDP_TINY_UNIT_BYTES), 0.0)] + [
+        (float(mib << 20), host[per_unit_at_key(call, mib)])
+        for mib in FSDP_UNIT_SWEEP_MIB
+        if per_unit_at_key(call, mib) in host
+    ]
+    if len(points) == 1 or unit_bytes <= points[0][0]:
+        return 0.0
+    (b0, e0), (b1, e1) = next(
+        (pair for pair in pairwise(points) if unit_bytes <= pair[1][0]),
+        points[-2:],
+    )
+    return max(0.0, e0 + (e1 - e0) * (unit_bytes - b0) / (b1 - b0))
 
 
 def layer_key(model_signature: str, layer_kind: str, micro_batch: int, tp: int, dtype: str) -> str:

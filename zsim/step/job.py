@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from zsim.cluster.device import DeviceProfile
+from zsim.cluster.device import DeviceProfile, unit_size_extra_s
 from zsim.workload.layout import rank_chunks
 from zsim.workload.mechanisms import Mechanism
 from zsim.workload.model import Layer, ModelSpec, ParamTensor
@@ -89,7 +89,9 @@ class StageJob:
         tensors (`calibrate.engine_fit`; under ZeRO-3 its persistent ones, as every tiny
         layer's is: fetched ones added nothing measurable, 6.4 against 6.5 ms for 8 and 16
         fetched layers); PyTorch FSDP2's per call, per unit and per tensor likewise
-        (`fsdp_host`); none elsewhere, nor under Megatron's pipeline or DDP, whose calls differ."""
+        (`fsdp_host`), with what a unit of its size costs beyond the tiny one's (the
+        microbenchmark's unit-size sweep); none elsewhere, nor under Megatron's pipeline or DDP,
+        whose calls differ."""
         cfg = self.cfg
         pipe = cfg.pp > 1
         applies = self.gloo and cfg.dp_engine is not DpEngine.MEGATRON
@@ -104,12 +106,17 @@ class StageJob:
         deepspeed3 = cfg.zero_stage is ZeroStage.PARAMETERS and cfg.dp_engine is DpEngine.DEEPSPEED
         # ZeRO-3's tiny layers' are all persistent; FSDP shards every tensor
         tensors = self.persistent_tensors() if deepspeed3 else self.tensors()
-        units = sum(is_unit(x) for chunk in self.chunks for x in chunk)
+        units = [x for chunk in self.chunks for x in chunk if is_unit(x)]
         return (
             host.get(call, 0.0)
             + host.get(f"{call}_per_tensor", 0.0) * len(tensors)
-            + host.get(f"{call}_per_unit", 0.0) * units  # FSDP's hooks run once per unit
+            + host.get(f"{call}_per_unit", 0.0) * len(units)  # FSDP's hooks run once per unit
+            + sum(unit_size_extra_s(host, call, self._unit_bytes(x)) for x in units)
         )
+
+    def _unit_bytes(self, unit: Layer) -> float:
+        """An FSDP2 unit's gathered parameters, in the training dtype."""
+        return float(unit.params(self.cfg.tp) * self.cfg.precision.bytes)
 
     def activation_bytes(self) -> float:
         """A pipeline message: one layer's input for one micro-batch."""
