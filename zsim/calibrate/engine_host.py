@@ -57,10 +57,10 @@ def engine_host(dtype: str) -> list[Measurement]:
 
 def host_rows(dtype: str, engines: Mapping[str, Callable[[nn.Module], Any]]) -> list[Measurement]:
     """For each call ("z<stage>", "fsdp-<sharding>", `engine_fit.call_model`'s) and layer
-    count (`call_layers`), the tiny model's steps
-    on the engine its builder makes, two rows per phase (rank 0's): "<call>.<phase>", the
-    phase's wall time, and "<call>.<phase>_host", the same less the time the rank's thread
-    spent inside collectives (what `engine_fit` reads)."""
+    count (`call_layers`), the tiny model's steps on the engine its builder makes, two rows
+    per phase (rank 0's): "<call>.<phase>", the phase's wall time, and "<call>.<phase>_host",
+    the same less the time the rank's thread spent inside collectives (what `engine_fit`
+    reads)."""
     rows = []
     for call, build in engines.items():
         for layers in call_layers(call):
