@@ -21,6 +21,7 @@ from tests.calibrate_synthetic import (
     synthetic_rows,
 )
 from zsim.calibrate.fit import fit_profile
+from zsim.calibrate.links import calls_of, row_time_s
 from zsim.calibrate.measurement import Kind, Measurement
 from zsim.calibrate.profile import (
     Calibration,
@@ -28,6 +29,8 @@ from zsim.calibrate.profile import (
     save_profile,
 )
 from zsim.cli import main
+from zsim.inputs import presets
+from zsim.network.communicator import simulate_s
 
 
 def test_fit_recovers_link_parameters_exactly():
@@ -108,6 +111,39 @@ def test_collectives_are_reported_in_nccl_tests_terms(tmp_path, capsys):
     assert out.count("(intra, n=2, loopback") == 5  # one table per op
     big = gloo_two_ranks_s("broadcast", 256 * MIB)
     assert f"{256 * MIB / big / 1e9:.3f}" in out  # broadcast's busbw is its algbw
+
+
+@pytest.mark.parametrize("group", ["intra", "inter", "full"])
+def test_a_row_replays_every_group_the_worker_measured_at_once(group):
+    """The worker calls each microbenchmark on every rank at once, each rank in its own group
+    of the kind (`calibrate.worker.groups`): the replay runs all of them, rank 0's first."""
+    pytest.importorskip("torch")
+    from zsim.calibrate.worker import groups
+
+    topo = presets.topology("2x2-cpu-1gbit")
+    measured = dict(groups(topo.world_size, topo.gpus_per_node))[group]
+    row = _row("all_reduce", group, len(measured[0]), MIB)
+    assert [list(c.group) for c in calls_of(topo, row)] == measured
+
+
+def test_inter_groups_of_a_node_share_its_link_as_measured():
+    """On 2 nodes x 2 ranks the two one-rank-per-node groups all-gather at once: each node's
+    veth carries the other group's half of the buffer too, (S / 2) / line rate more than one
+    group alone (the rest of the call, latencies and local copies, is the same)."""
+    topo = presets.topology("2x2-cpu-1gbit")
+    size = 64 * MIB
+    row = _row("all_gather_into_tensor", "inter", 2, size)
+    calls = calls_of(topo, row)
+    assert len(calls) == 2
+    alone = max(simulate_s(topo, calls[:1]))
+    line_rate = 1e9 / 8  # the preset's 1 Gbit/s veth
+    assert row_time_s(topo, row) - alone == pytest.approx(size / 2 / line_rate, rel=1e-6)
+
+
+def _row(op: str, group: str, ranks: int, size: int) -> Measurement:
+    return Measurement(
+        Kind.COLLECTIVE, op, "fp32", (1.0,), size_bytes=float(size), group=group, ranks=ranks
+    )
 
 
 def _nnls_by_enumeration(a, y):

@@ -42,12 +42,20 @@ class LinkBounds:
 
 def group_gpus(topo: Topology, group: str, ranks: int) -> tuple[int, ...]:
     """The GPUs (ranks) of the measured group the calibration worker's rank 0 was in."""
-    g = topo.gpus_per_node
+    return concurrent_groups(topo, group, ranks)[0]
+
+
+def concurrent_groups(topo: Topology, group: str, ranks: int) -> tuple[tuple[int, ...], ...]:
+    """Every group of this kind that the calibration worker measures at once, rank 0's first:
+    every rank calls the microbenchmark in its own group (`calibrate.worker.groups`: one per
+    node for intra, one per local rank for inter), so the inter groups of a node share its
+    links as they did when measured."""
+    g, world = topo.gpus_per_node, topo.world_size
     if group == "intra":
-        return tuple(range(min(ranks, g)))
+        return tuple(tuple(range(n, n + min(ranks, g))) for n in range(0, world, g))
     if group == "inter":
-        return tuple(range(0, topo.world_size, g))[:ranks]
-    return tuple(range(ranks))
+        return tuple(tuple(range(j, world, g))[:ranks] for j in range(g))
+    return (tuple(range(ranks)),)
 
 
 def route_classes(topo: Topology, a: int, b: int) -> Counter[LinkClass]:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from zsim.calibrate.bounds import LinkBounds, group_gpus
+from zsim.calibrate.bounds import LinkBounds, concurrent_groups, group_gpus
 from zsim.calibrate.measurement import Collective, Kind, Measurement
 from zsim.cluster.calibrated import with_call_latency, with_link_class, with_links, with_local_work
 from zsim.cluster.device import LinkFit
@@ -64,17 +64,22 @@ PROBE_FLOOR_S = 1e-3  # a unit unknown (1 s, 1 B/s) a row depends on adds at lea
 
 
 def calls_of(topo: Topology, row: Measurement) -> tuple[CollectiveCall, ...]:
-    """The calls a measured collective row runs at once: one collective, or for send/recv one
-    transfer per rank to the next (the worker posts them all before waiting), so that every
-    rank sends and receives at once, as measured."""
-    gpus = group_gpus(topo, row.group, row.ranks)
+    """The calls a measured collective row runs at once, rank 0's first: in each of the
+    groups measured together (`bounds.concurrent_groups`), one collective, or for send/recv
+    one transfer per rank to the next (the worker posts them all before waiting), so that
+    every rank sends and receives at once, as measured."""
     op = OPS[Collective(row.op)]
-    if op is CollectiveOp.SEND_RECV:
-        n = len(gpus)
-        return tuple(
-            CollectiveCall(op, row.size_bytes, (a, gpus[(i + 1) % n])) for i, a in enumerate(gpus)
-        )
-    return (CollectiveCall(op, row.size_bytes, gpus),)
+    calls: list[CollectiveCall] = []
+    for gpus in concurrent_groups(topo, row.group, row.ranks):
+        if op is CollectiveOp.SEND_RECV:
+            n = len(gpus)
+            calls += [
+                CollectiveCall(op, row.size_bytes, (a, gpus[(i + 1) % n]))
+                for i, a in enumerate(gpus)
+            ]
+        else:
+            calls.append(CollectiveCall(op, row.size_bytes, gpus))
+    return tuple(calls)
 
 
 def row_time_s(topo: Topology, row: Measurement) -> float:
