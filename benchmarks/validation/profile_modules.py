@@ -39,6 +39,7 @@ from zsim.calibrate import micro
 from zsim.calibrate.bench import Bench
 from zsim.calibrate.plan import Plan
 from zsim.testbed.procs import CPU_ALLOCATOR_ENV
+from zsim.testbed.torchmodels import flush_subnormals
 from zsim.validate.layouts import Trainer
 from zsim.validate.train_worker import model_from
 from zsim.workload.model import LayerKind
@@ -122,6 +123,7 @@ def main(argv: list[str]) -> int:
     case = json.loads(Path(argv[0]).read_text())
     out = Path(argv[1])
     out.mkdir(parents=True, exist_ok=True)
+    flush_subnormals("cpu")  # as the training worker does
     deepspeed.init_distributed(dist_backend="gloo")
     spec = model_from(case["model"])
     trainer = Trainer(spec, case["ds_config"], (1, 1, 1234))

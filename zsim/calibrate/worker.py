@@ -30,6 +30,7 @@ from zsim.calibrate import engine_host, fsdp_host, micro, pingpong, pipe_host
 from zsim.calibrate.bench import Bench, last_level_cache_bytes
 from zsim.calibrate.measurement import Measurement, merge
 from zsim.calibrate.plan import PROGRESS, Plan, layer_kinds, layer_tp_degrees
+from zsim.testbed import torchmodels
 from zsim.workload.model import ModelKind
 
 Task = tuple[str, Callable[[], list[Measurement]]]
@@ -144,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
+    torchmodels.flush_subnormals(device.type)
     dist.init_process_group(
         "nccl" if plan.device == "cuda" else "gloo", timeout=timedelta(minutes=10)
     )

@@ -34,7 +34,7 @@ import torch
 from deepspeed import comm as dist
 from deepspeed.comm import comm as ds_comm
 
-from zsim.testbed import nic
+from zsim.testbed import nic, torchmodels
 from zsim.testbed.phase_clock import PhaseClock, median_phases
 from zsim.validate.held import CATEGORIES, SavedTensors, engine_inventory
 from zsim.validate.layouts import Trainer
@@ -242,6 +242,7 @@ def main(argv: list[str]) -> int:
     backend = "nccl" if case["device"] == "cuda" else "gloo"
     if case["device"] == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    torchmodels.flush_subnormals(case["device"])
     deepspeed.init_distributed(
         dist_backend=backend, timeout=timedelta(seconds=case["collective_timeout_s"])
     )
