@@ -23,7 +23,7 @@ def flush_subnormals(device: str) -> None:
     """On a CPU rank, compute subnormal floats as zero (x86's FTZ/DAZ), as a GPU runs them at
     full speed. An Intel core takes a microcode assist per subnormal operand: the head's
     backward GEMMs, fed random hidden states, read 2.1-2.2 s with 20 % subnormal gradients
-    where they take 46-54 ms flushed (512 x 8192 x 768, one thread, a Sapphire Rapids Xeon,
+    where they take 46-54 ms flushed (512 x 8192 x 768, one thread, an Intel Xeon with AMX,
     2026-12-05); the AMD EPYC the earlier profiles ran on shows no such cost."""
     if device == "cpu":
         torch.set_flush_denormal(True)
