@@ -209,7 +209,8 @@ def _run(
     with _status(not args.no_progress) as show:
         measured, link = runner.run_all(cases, out, emulation, progress=show)
         show("simulating", None)
-        rows = [compare.compare(m, args.profile, band) for m in measured]
+        burst = None if link is None else link.burst_bytes
+        rows = [compare.compare(m, args.profile, band, burst) for m in measured]
     if link is not None:
         context |= {
             "emulated_rate_bps": link.rate_bps,

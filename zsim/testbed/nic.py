@@ -12,6 +12,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PROC_NET_DEV = Path("/proc/net/dev")
+HEADER_BYTES = 66  # a TCP/IPv4 packet on Ethernet: 14 + IPv4 20 + TCP 20 + timestamps 12
+MTU_BYTES = 1500  # a veth's default
+GSO_MAX_BYTES = 65536  # the largest packet TCP hands the device when it segments offloaded
+
+
+def frame_bytes(payload_bytes: float, burst_bytes: int | None) -> float:
+    """The bytes the interfaces count for `payload_bytes` of TCP payload: every packet with its
+    headers (RFC 791, 793, 7323), the receivers' acknowledgements left out (at most one per
+    two full segments, RFC 5681: under 2.3 % more). A tbf bucket smaller than a GSO packet
+    splits it into MTU-sized segments before the device counts them (1,448 payload bytes a
+    1,514-byte frame); a larger one, or no emulated link (None), passes it whole."""
+    whole = burst_bytes is None or burst_bytes >= GSO_MAX_BYTES
+    segment = GSO_MAX_BYTES if whole else MTU_BYTES + 14  # 14: the Ethernet header
+    payload = segment - HEADER_BYTES
+    return payload_bytes * segment / payload
 
 
 @dataclass(frozen=True)

@@ -90,7 +90,7 @@ def repredicted(folder: Path, root: Path, band_samples: int = 0) -> list[Committ
             if row["status"] != "ok" or not row["measured_step_s"]:
                 continue
             profile = root / row["profile"]
-            prediction = predict(case_of(row), profile, band_samples)
+            prediction = predict(case_of(row), profile, band_samples, burst_bytes(folder))
             nic = (
                 float(row["measured_nic_bytes_per_step"] or "nan")
                 if row.get("measured_nic_bytes_per_step")
@@ -99,6 +99,13 @@ def repredicted(folder: Path, root: Path, band_samples: int = 0) -> list[Committ
             measured = float(row["measured_step_s"])
             out.append(Committed(case_of(row), measured, prediction, profile, nic))
     return out
+
+
+def burst_bytes(folder: Path) -> int | None:
+    """The tbf bucket of the emulated links a committed folder ran on (None: not emulated)."""
+    emulation = json.loads((folder / "summary.json").read_text()).get("emulation") or {}
+    burst = emulation.get("burst_bytes")
+    return None if burst is None else int(burst)
 
 
 def remeasured(folder: Path, row: dict[str, str]) -> Measurement:
@@ -118,7 +125,10 @@ def repredict_folder(folder: Path, root: Path, band_samples: int = 20) -> float 
         rows = [r for r in csv.DictReader(f) if r["status"] == "ok"]
     old = json.loads((folder / "summary.json").read_text())
     context = old["context"]
-    compared = [compare(remeasured(folder, r), root / r["profile"], band_samples) for r in rows]
+    burst = burst_bytes(folder)
+    compared = [
+        compare(remeasured(folder, r), root / r["profile"], band_samples, burst) for r in rows
+    ]
     title = f"{context['model_spec']} on {context['requested_topology']}"
     if context.get("emulated"):
         rate, scale = context["emulated_rate_bps"], context.get("emulation_scale", 1.0)

@@ -18,6 +18,7 @@ import numpy as np
 from zsim.errors import InputError
 from zsim.memory import MemoryLedger, ledger
 from zsim.step.phases import simulated_phases, simulated_pipeline_phases
+from zsim.testbed.nic import frame_bytes
 from zsim.validate.band import model_error, widened
 from zsim.validate.runner import Case, Measurement
 
@@ -54,11 +55,14 @@ def _simulator() -> Simulate:
     return simulate
 
 
-def predict(case: Case, profile_path: Path | None, band_samples: int = 20) -> Prediction:
+def predict(
+    case: Case, profile_path: Path | None, band_samples: int = 20, burst_bytes: int | None = None
+) -> Prediction:
     """Simulate `case` on the cluster it ran on, with the calibrated profile at `profile_path`;
     the band is the 5th-95th percentile over `band_samples` profiles resampled from the
     calibration's repeats, widened by the model's own error on held-out microbenchmarks
-    (`zsim.validate.band`)."""
+    (`zsim.validate.band`). The bytes between nodes are the frames their interfaces count
+    (`testbed.nic.frame_bytes`; `burst_bytes`: the emulated links' tbf bucket)."""
     if profile_path is None:
         raise PredictionUnavailable("no --profile given (make one with `zsim calibrate`)")
     simulate = _simulator()
@@ -93,7 +97,8 @@ def predict(case: Case, profile_path: Path | None, band_samples: int = 20) -> Pr
     low, high = widened(min(low, step), max(high, step), error)
     cut = simulated_pipeline_phases if case.parallel.pp > 1 else simulated_phases
     phases = cut(report.engine.all_spans(), 0, step)
-    nic = node_link_bytes(report.link_traffic_bytes, topology) if case.nodes > 1 else None
+    payload = node_link_bytes(report.link_traffic_bytes, topology)
+    nic = frame_bytes(payload, burst_bytes) if case.nodes > 1 else None
     return Prediction(step, low, high, report.memory, len(samples), phases, error, nic)
 
 
@@ -167,12 +172,15 @@ def mape(rows: Sequence[Compared]) -> float | None:
 
 
 def compare(
-    measurement: Measurement, profile_path: Path | None, band_samples: int = 20
+    measurement: Measurement,
+    profile_path: Path | None,
+    band_samples: int = 20,
+    burst_bytes: int | None = None,
 ) -> Compared:
     case = measurement.case
     prediction, note = None, ""
     try:
-        prediction = predict(case, profile_path, band_samples)
+        prediction = predict(case, profile_path, band_samples, burst_bytes)
     except PredictionUnavailable as exc:
         note = str(exc)
     return Compared(measurement, prediction, note, ledger(case.model, case.parallel))
