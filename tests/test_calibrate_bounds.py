@@ -96,7 +96,7 @@ def test_committed_profiles_are_inside_their_physical_bounds(path):
     assert "intra" in trips, "the calibration measured no ping-pong: the latency floor is unknown"
     loopback_floor = trips["intra"] / ROUTE_LINKS["intra"]["loopback"]
     assert links["loopback"].latency_s >= loopback_floor * (1 - 1e-9)
-    memcpy = max(r.size_bytes / r.median_s for r in cal.measurements if r.kind is Kind.HOST_COPY)
+    memcpy = max(r.size_bytes / r.time_s for r in cal.measurements if r.kind is Kind.HOST_COPY)
     assert links["loopback"].bandwidth_bytes_per_s <= memcpy * (1 + 1e-9)
     if "veth" in links:
         assert links["veth"].bandwidth_bytes_per_s <= LINE_RATE_BPS["veth"] * (1 + 1e-9)
@@ -129,7 +129,7 @@ def test_a_model_of_the_truth_predicts_rows_it_did_not_see():
     checked = [i for i in held if rows[i].kind in (Kind.GEMM, Kind.MEMORY, Kind.OPTIMIZER)]
     assert len(checked) >= 8
     for i in checked:
-        assert held[i] == pytest.approx(rows[i].median_s, rel=1e-6), rows[i].label
+        assert held[i] == pytest.approx(rows[i].time_s, rel=1e-6), rows[i].label
 
 
 def test_committed_profiles_report_held_out_residuals():

@@ -1,5 +1,5 @@
 """DeepSpeed's own host time per call, read off the tiny steps `engine_host` times: each
-phase's median minus what the simulator already charges for the same tiny step on the
+phase's mean minus what the simulator already charges for the same tiny step on the
 fitted profile (its kernels, collectives and Adam step). Two layer counts give a line in the
 parameter tensors (each tiny layer holds one): what a call costs and what each tensor adds
 (ZeRO-3's step gathers every persistent parameter apart, `_post_step`), both at least 0. The
@@ -138,7 +138,7 @@ def engine_host_s(
         base, _, width = call.partition(WIDER)
         for r in chosen:
             if r.op.startswith(f"{call}.") and r.params == layers:
-                beyond = r.median_s - simulated[r.op.split(".")[1]]
+                beyond = r.time_s - simulated[r.op.split(".")[1]]
                 held = layers // topo.world_size if call.startswith("pipe") else layers
                 phase = r.op.split(".")[1].removesuffix(HOST_SUFFIX)
                 key = f"{base.replace(BIASED, '')}.{phase}"

@@ -1,12 +1,13 @@
 """From measurement rows to a DeviceProfile: least-squares fits and their residuals.
 
 Every fit minimises relative error (each row weighted by 1/t), so that a 10 us and a 1 s row
-count alike. What each fit feeds:
+count alike; t is a row's mean (`Measurement.time_s`: what a step summing such calls pays).
+What each fit feeds:
 
     GEMM rows           zsim.cluster.gpu_spec.fit_gemm -> gemm_flops_per_s, gemm_overhead_s
     ATTENTION rows      t = gemm_overhead + F/rate  -> attention_flops_per_s
     MEMORY rows         t = overhead + bytes/rate   -> memory_bytes_per_s, memory_overhead_s
-    LAYER_* rows        the median                  -> layer_times[key]
+    LAYER_* rows        the mean                    -> layer_times[key]
     HOST_COPY rows      t = a + bytes/rate          -> host_link_bytes_per_s
     OPTIMIZER rows      t = a + params/rate         -> host_adam_params_per_s and
                         optimizer_bytes_per_s = rate x ADAM_STEP_BYTES_PER_PARAM
@@ -192,24 +193,24 @@ def compute_rates(
     gemm = _regime([r for r in _rows(rows, Kind.GEMM) if r.dtype == dtype], cache_bytes)
     require(len(gemm) >= 2, "calibration", f"{len(gemm)} GEMM rows", "at least two GEMM shapes")
     rate, overhead = fit_gemm(
-        [(m * b, n, k, r.flops / r.median_s / 1e12) for r in gemm for m, n, k, b in [r.shape]]
+        [(m * b, n, k, r.flops / r.time_s / 1e12) for r in gemm for m, n, k, b in [r.shape]]
     )
     attn = [r for r in _rows(rows, Kind.ATTENTION) if r.dtype == dtype]
     attn_rate = (
-        _fixed_intercept_rate(overhead, [r.flops for r in attn], [r.median_s for r in attn])
+        _fixed_intercept_rate(overhead, [r.flops for r in attn], [r.time_s for r in attn])
         if attn
         else rate
     )
     mem = _regime([r for r in _rows(rows, Kind.MEMORY) if r.dtype == dtype], cache_bytes)
     require(bool(mem), "calibration", "no memory rows", "a memory-bound kernel sweep")
-    mem_overhead, inv_bw = fit_affine([r.size_bytes for r in mem], [r.median_s for r in mem])
+    mem_overhead, inv_bw = fit_affine([r.size_bytes for r in mem], [r.time_s for r in mem])
     return ComputeRates(rate, overhead, attn_rate, 1.0 / inv_bw, mem_overhead)
 
 
 def layer_times(rows: Sequence[Measurement]) -> dict[str, LayerTime]:
-    forward = {r.layer_key: r.median_s for r in _rows(rows, Kind.LAYER_FORWARD)}
-    backward = {r.layer_key: r.median_s for r in _rows(rows, Kind.LAYER_BACKWARD)}
-    accumulate = {r.layer_key: r.median_s for r in _rows(rows, Kind.LAYER_ACCUMULATE)}
+    forward = {r.layer_key: r.time_s for r in _rows(rows, Kind.LAYER_FORWARD)}
+    backward = {r.layer_key: r.time_s for r in _rows(rows, Kind.LAYER_BACKWARD)}
+    accumulate = {r.layer_key: r.time_s for r in _rows(rows, Kind.LAYER_ACCUMULATE)}
     return {
         k: LayerTime(forward[k], backward[k], accumulate.get(k)) for k in forward if k in backward
     }
@@ -221,7 +222,7 @@ def rate_through_origin(
     """Units per second of rows timing `amount` units each, as t = amount / rate (the form the
     simulator charges copies and optimizer steps in), least squares on relative error."""
     x = np.array([amount(r) for r in rows])
-    t = np.array([r.median_s for r in rows])
+    t = np.array([r.time_s for r in rows])
     w = x / t
     return float(np.sum(w * w) / np.sum(w))
 
@@ -270,7 +271,7 @@ def residuals(
     for i, p in predictions.items():
         r = rows[i]
         key = (str(r.kind), r.op, i in fitted)
-        err = abs(p - r.median_s) / r.median_s
+        err = abs(p - r.time_s) / r.time_s
         groups.setdefault(key, []).append((err, r.label, r.launches_agree))
     out = []
     for (kind, op, was_fitted), errs in groups.items():
@@ -304,7 +305,7 @@ def fit_profile(
     cache = cache_bytes_of(info)
     rates = {d: compute_rates(rows, d, cache) for d in dtypes}
     peak = {
-        d: max(r.flops / r.median_s for r in _rows(rows, Kind.GEMM) if r.dtype == d) for d in dtypes
+        d: max(r.flops / r.time_s for r in _rows(rows, Kind.GEMM) if r.dtype == d) for d in dtypes
     }
     copies = _rows(rows, Kind.HOST_COPY)
     require(bool(copies), "calibration", "no host copy rows", "host <-> device copies")

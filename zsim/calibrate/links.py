@@ -231,7 +231,7 @@ def _design(
         if np.any(column > PROBE_FLOOR_S):
             columns.append(column)
             names.append(unknown)
-    t = np.array([r.median_s for r in measured])
+    t = np.array([r.time_s for r in measured])
     return names, np.stack(columns, axis=1) / t[:, None], 1.0 - base / t
 
 

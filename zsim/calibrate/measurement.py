@@ -107,6 +107,17 @@ class Measurement:
         )
 
     @property
+    def time_s(self) -> float:
+        """What a call costs a step: the mean of the samples, the statistic every model is
+        fitted to and scored against. A step sums its calls, and a sum's expected value is the
+        sum of the means; a median leaves out a right tail that the step pays. On the shared
+        2-core VM 25-50 % of the small and mid-size gloo collectives wait a scheduler tick
+        (~3.5 ms, a 0.3 ms all_reduce of 256 KiB then takes 3.4): their means are 1.3-5x their
+        medians, while compute rows' are within 1-15 % (`docs/calibration.md`). nccl-tests
+        reports the mean too (its "time" is the average over its iterations)."""
+        return float(np.mean(self.samples_s))
+
+    @property
     def median_s(self) -> float:
         return float(np.median(self.samples_s))
 
@@ -121,19 +132,26 @@ class Measurement:
     @property
     def launch_medians_s(self) -> tuple[float, ...]:
         """The median of each worker launch's samples (one value when one launch measured)."""
+        return tuple(float(np.median(part)) for part in self._launch_parts())
+
+    @property
+    def launch_times_s(self) -> tuple[float, ...]:
+        """Each worker launch's `time_s` (one value when one launch measured)."""
+        return tuple(float(np.mean(part)) for part in self._launch_parts())
+
+    def _launch_parts(self) -> list[np.ndarray]:
         ends = np.cumsum(self.launch_samples or (len(self.samples_s),))
-        parts = np.split(np.asarray(self.samples_s), ends[:-1])
-        return tuple(float(np.median(part)) for part in parts)
+        return np.split(np.asarray(self.samples_s), ends[:-1])
 
     @property
     def launches_agree(self) -> bool | None:
-        """Whether one time is within `FIT_TOLERANCE` of every launch's median (None: fewer
+        """Whether one time is within `FIT_TOLERANCE` of every launch's `time_s` (None: fewer
         than two launches recorded). Where not, the process a row was measured in moved it
         more than any one predicted time can follow."""
         if len(self.launch_samples) < 2:
             return None
-        medians = self.launch_medians_s
-        return max(medians) * (1 - FIT_TOLERANCE) <= min(medians) * (1 + FIT_TOLERANCE)
+        times = self.launch_times_s
+        return max(times) * (1 - FIT_TOLERANCE) <= min(times) * (1 + FIT_TOLERANCE)
 
     @property
     def iqr_rel(self) -> float:

@@ -39,7 +39,7 @@ class Plan:
     link_classes: dict[str, str] = field(default_factory=dict)  # group -> link class
     warmup: int = 3
     repeats: int = 9  # samples per row at least, spread over the rounds
-    max_repeats: int = 150  # samples per row at most (fast rows get more, for robust medians)
+    max_repeats: int = 150  # samples per row at most (fast rows get more, robust statistics)
     rounds: int = 3  # passes over the whole set, so a slow spell of a shared host hits every row
     # worker processes the rounds are spread over: the OS places a process's threads once
     # (2 gloo ranks on 2 cores ran all_reduce 1.65x apart, process to process), so a row's

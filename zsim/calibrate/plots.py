@@ -28,34 +28,32 @@ def _panel(
     color: str,
     fitted: Callable[[Measurement], bool] = lambda _row: True,
 ) -> None:
-    """Measured medians with IQR bars (hollow: not fitted, outside the model's regime), each
-    worker launch's median as a cross where the calibration recorded them, and the model's
-    curve over the same x range."""
+    """Measured means (what the models are fitted to) with the samples' interquartile range
+    as a bar (hollow: not fitted, outside the model's regime; a mean can lie outside its IQR
+    where the samples are bimodal), each worker launch's mean as a cross where the calibration
+    recorded them, and the model's curve over the same x range."""
     rows = sorted(rows, key=x)
-    crosses = [
-        (x(r), y_of_time(r, m)) for r in rows if r.launch_samples for m in r.launch_medians_s
-    ]
+    crosses = [(x(r), y_of_time(r, m)) for r in rows if r.launch_samples for m in r.launch_times_s]
     if crosses:
         cx, cy = zip(*crosses, strict=True)
-        ax.plot(cx, cy, "x", ms=4, color=color, alpha=0.6, label=f"{label} launch medians")
+        ax.plot(cx, cy, "x", ms=4, color=color, alpha=0.6, label=f"{label} launch means")
     xs = np.array([x(r) for r in rows])
     for inside in (True, False):
         sel = [r for r in rows if fitted(r) is inside]
         if not sel:
             continue
-        med = np.array([y_of_time(r, r.median_s) for r in sel])
-        lo = np.array([y_of_time(r, r.q3_s) for r in sel])  # slower time = lower rate
-        hi = np.array([y_of_time(r, r.q1_s) for r in sel])
-        ax.errorbar(
-            [x(r) for r in sel],
-            med,
-            yerr=[med - lo, hi - med],
-            fmt="o",
+        at = [x(r) for r in sel]
+        lo = [y_of_time(r, r.q3_s) for r in sel]  # slower time = lower rate
+        hi = [y_of_time(r, r.q1_s) for r in sel]
+        ax.vlines(at, lo, hi, color=color, lw=1)
+        ax.plot(
+            at,
+            [y_of_time(r, r.time_s) for r in sel],
+            "o",
             ms=4,
             color=color,
             mfc=color if inside else "none",
-            label=f"{label} measured" + ("" if inside else ", not fitted"),
-            capsize=2,
+            label=f"{label} measured mean" + ("" if inside else ", not fitted"),
         )
     dense = np.geomspace(xs.min(), xs.max(), 60) if len(xs) > 1 else xs
     curve = []
@@ -135,7 +133,7 @@ _TOP_PANELS = (
 
 def fit_figure(cal: Calibration, fit: Fit) -> Any:
     """GEMM FLOP/s, memory and copy bandwidth, AdamW rate, and busbw of every collective,
-    measured (points, IQR bars) and fitted (lines)."""
+    measured (means, IQR bars) and fitted (lines)."""
     rows = cal.measurements
     used = {rows[i] for i in fit.fitted}
     colls = sorted({(r.op, r.group) for r in rows if r.kind is Kind.COLLECTIVE})
@@ -162,7 +160,7 @@ def fit_figure(cal: Calibration, fit: Fit) -> Any:
         ax.set_yscale("log")
     for j in range(len(colls), (nrows - 1) * ncols):
         axes[1 + j // ncols][j % ncols].set_visible(False)
-    fig.suptitle(f"zsim calibration {cal.name}: measured (median, IQR) vs fitted model")
+    fig.suptitle(f"zsim calibration {cal.name}: measured (mean; bars: IQR) vs fitted model")
     fig.tight_layout()
     return fig
 

@@ -279,8 +279,9 @@ def calibration_from_dict(d: Any, source: str = "profile") -> Calibration:
 
 
 def save_profile(cal: Calibration, path: Path) -> list[Path]:
-    """Write `path` (JSON) and the CSV of medians beside it, each via a temporary file renamed
-    into place (a reader never sees half a file). The paths written."""
+    """Write `path` (JSON) and the CSV of its rows (median, quartiles, mean) beside it, each
+    via a temporary file renamed into place (a reader never sees half a file). The paths
+    written."""
     import json
 
     csv_path = path.with_suffix(".csv")
@@ -305,7 +306,7 @@ def _atomic_write(path: Path, text: str) -> None:
 def measurements_csv(rows: Sequence[Measurement]) -> str:
     head = (
         "kind,op,dtype,size_bytes,flops,m,n,k,batch,params,layer_key,micro_batch,group,ranks,"
-        "link_class,samples,inner,median_s,q1_s,q3_s,algbw_GBps,busbw_GBps"
+        "link_class,samples,inner,median_s,q1_s,q3_s,algbw_GBps,busbw_GBps,mean_s"
     )
     lines = [head]
     for r in rows:
@@ -335,6 +336,7 @@ def measurements_csv(rows: Sequence[Measurement]) -> str:
                     f"{r.q1_s:.6e}",
                     f"{r.q3_s:.6e}",
                     *_bandwidths_gbps(r),
+                    f"{r.time_s:.6e}",
                 )
             )
         )
@@ -342,10 +344,11 @@ def measurements_csv(rows: Sequence[Measurement]) -> str:
 
 
 def _bandwidths_gbps(row: Measurement) -> tuple[str, str]:
-    """nccl-tests' algbw and busbw of a collective row's median, GB/s (blank for others)."""
+    """nccl-tests' algbw and busbw of a collective row's mean time (nccl-tests' own "time"),
+    GB/s (blank for others)."""
     if row.kind is not Kind.COLLECTIVE:
         return "", ""
-    return f"{algbw(row, row.median_s) / 1e9:.6g}", f"{busbw(row, row.median_s) / 1e9:.6g}"
+    return f"{algbw(row, row.time_s) / 1e9:.6g}", f"{busbw(row, row.time_s) / 1e9:.6g}"
 
 
 def load_calibration(path: Path | str) -> Calibration:

@@ -107,7 +107,7 @@ def print_summary(cal: Calibration, paths: Sequence[Path]) -> None:
         "held out: the same rows, each predicted by a fit that did not see its size (k-fold,"
         " zsim.calibrate.holdout). over 10%: rows the model misses by more than 10%; in brackets,"
         " where the calibration"
-        " recorded its worker launches: of them, the rows whose launches' medians no one time is"
+        " recorded its worker launches: of them, the rows whose launches' means no one time is"
         " within 10% of ('-': a profile written before these counts)"
     )
     for path in paths:
@@ -117,7 +117,7 @@ def print_summary(cal: Calibration, paths: Sequence[Path]) -> None:
 def print_collectives(cal: Calibration) -> None:
     """The collective rows in nccl-tests' terms (size, count, time, algbw, busbw), one table
     per op and group, with the simulator's time under the fitted profile, its error, and how
-    far each launch's median lies from the row's median."""
+    far each launch's mean lies from the row's mean."""
     rows = [r for r in cal.measurements if r.kind is Kind.COLLECTIVE]
     if not rows:
         _console.print(f"{cal.name}: no collectives measured")
@@ -126,15 +126,15 @@ def print_collectives(cal: Calibration) -> None:
     heads = ("size B", "count", "time us", "algbw GB/s", "busbw GB/s", "model us", "error")
     for key in dict.fromkeys((r.op, r.group, r.ranks, r.link_class) for r in rows):
         op, group, ranks, link = key
-        title = f"{cal.name}: {op} ({group}, n={ranks}, {link or '?'}; median, GB = 1e9 B)"
+        title = f"{cal.name}: {op} ({group}, n={ranks}, {link or '?'}; mean, GB = 1e9 B)"
         table = Table(title=title)
         for col in (*heads, "launches"):
             table.add_column(col, justify="right" if col in heads else "left")
         for r in rows:
             if (r.op, r.group, r.ranks, r.link_class) != key:
                 continue
-            t, model = r.median_s, model_s(r)
-            launches = r.launch_medians_s if r.launch_samples else ()
+            t, model = r.time_s, model_s(r)
+            launches = r.launch_times_s if r.launch_samples else ()
             table.add_row(
                 f"{r.size_bytes:.0f}",
                 f"{r.size_bytes / Precision(r.dtype).bytes:.0f}",
@@ -146,4 +146,4 @@ def print_collectives(cal: Calibration) -> None:
                 " ".join(f"{m / t - 1:+.0%}" for m in launches),
             )
         _console.print(table)
-    _console.print("launches: each worker launch's median against the row's median")
+    _console.print("launches: each worker launch's mean against the row's mean")

@@ -88,7 +88,7 @@ def _add_profile(sub: Any) -> None:
         "--collectives",
         action="store_true",
         help="also every collective row as nccl-tests prints it (size, count, time, algbw, "
-        "busbw), with the model's time and each launch's median",
+        "busbw), with the model's time and each launch's mean",
     )
     show.add_argument(
         "--refit",
