@@ -154,11 +154,6 @@ def too_slow(case: Case, args: argparse.Namespace) -> str:
     """Why a row would take too long to simulate here ('' if it would not)."""
     if cost(case) > args.max_cost:
         return f"simulation cost (stages x micro-batches x chunks) > {args.max_cost}"
-    if case.parallel.grad_accum * case.parallel.virtual_stages > args.max_micro_batches:
-        return (
-            f"more than {args.max_micro_batches} micro-batches per rank (zsim.trace.uncovered "
-            "is quadratic in a rank's spans: minutes)"
-        )
     return ""
 
 
@@ -169,11 +164,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--max-cost",
         type=int,
-        default=10_000,
+        default=100_000,
         help="skip rows costlier than this (pipeline stages x micro-batches x chunks)",
-    )
-    parser.add_argument(
-        "--max-micro-batches", type=int, default=800, help="skip rows with more per rank"
     )
     parser.add_argument("--files", default=",".join(FILES), help="which files (comma list)")
     parser.add_argument("--no-write", action="store_true", help="print only")

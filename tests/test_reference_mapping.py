@@ -1,0 +1,44 @@
+"""The published rows' mapping (benchmarks/reference_mapping.py): a row whose step time and
+hardware TFLOP/s disagree through its source's own formula is skipped, not compared."""
+
+import csv
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+from reference_mapping import FILES, REFERENCE, Skip, map_row  # noqa: E402
+
+BLOOM = FILES["bloom"]
+
+
+def _row(row_id: str) -> dict[str, str]:
+    with (REFERENCE / BLOOM).open(newline="", encoding="utf-8") as f:
+        return next(r for r in csv.DictReader(f) if r["row_id"] == row_id)
+
+
+def _bigscience_step_s(row: dict[str, str]) -> float:
+    """The step BigScience's own TFLOP/s imply (Megatron-DeepSpeed's formula with recompute,
+    24 x 4 B s l h^2 (1 + s/6h + V/16lh)), written out here from the row's fields."""
+    b, s = float(row["global_batch_size"]), float(row["seq_len"])
+    layers, h, v = float(row["num_layers"]), float(row["hidden_size"]), 250880.0
+    flops = 96 * b * s * layers * h**2 * (1 + s / (6 * h) + v / (16 * layers * h))
+    return flops / (float(row["tflops_per_gpu"]) * 1e12 * float(row["num_gpus"]))
+
+
+def test_a_probe_whose_step_is_a_quarter_of_its_tflops_step_is_skipped():
+    row = _row("training_bloom_3d_zero1-044")
+    assert float(row["step_time_s"]) / _bigscience_step_s(row) == pytest.approx(0.25, abs=0.01)
+    with pytest.raises(Skip, match=r"disagree \(x0\.25\)"):
+        map_row(row, BLOOM)
+
+
+def test_a_row_whose_two_figures_agree_is_compared_on_its_step_time():
+    row = _row("training_bloom_3d_zero1-041")
+    assert float(row["step_time_s"]) / _bigscience_step_s(row) == pytest.approx(1.0, abs=0.05)
+    case = map_row(row, BLOOM)
+    assert case.measured_s == float(row["step_time_s"])
+    assert case.measured_from == "step_time_s"
