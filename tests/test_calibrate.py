@@ -253,3 +253,19 @@ def test_model_signature_names_what_changes_a_layer_time():
     assert model_signature(preset("toy-mlp")) == "mlp-h4096-bias"
     key = layer_time_key(gpt, LayerKind.BLOCK, 4, "bf16")
     assert key.endswith("|block|mb4|tp1|bf16")
+
+
+def test_fits_target_a_rows_mean_not_its_median():
+    """A quarter of the calls stall 3.5 ms (this VM's scheduler slice): the step pays the mean,
+    so the fitted memory overhead is the true one plus 0.25 x 3.5 ms, while the rows' medians
+    (three calls in four are fast) would give the true overhead alone."""
+    stall, share = 3.5e-3, 0.25
+    rows = [r for r in synthetic_rows() if r.kind is not Kind.MEMORY]
+    for size in (1024, 4096, 256 * MIB, 768 * MIB):
+        t = MEM_OVERHEAD + size / MEM_RATE
+        samples = tuple(t + (stall if i % 4 == 0 else 0.0) for i in range(12))
+        rows.append(Measurement(Kind.MEMORY, "add", "fp32", samples, size_bytes=size))
+        assert np.median(samples) == pytest.approx(t)
+    rates = fit_profile("synthetic", rows, INFO).profile.rates["fp32"]
+    assert rates.memory_overhead_s == pytest.approx(MEM_OVERHEAD + share * stall, rel=1e-6)
+    assert rates.memory_bytes_per_s == pytest.approx(MEM_RATE, rel=1e-6)
