@@ -85,7 +85,7 @@ def test_merge_appends_the_samples_of_the_same_rows():
         merge(first, [row("copy", 1.0), row("add", 1.0)])
 
 
-def test_merged_launches_keep_each_launchs_median():
+def test_merged_launches_keep_each_launchs_mean():
     launches = [
         [row_of(1.0, 3.0), row_of(7.0)],
         [row_of(2.0), row_of(8.0, 9.0)],
@@ -94,12 +94,12 @@ def test_merged_launches_keep_each_launchs_median():
     add, other = merge_launches(launches)
     assert add.samples_s == (1.0, 3.0, 2.0, 4.0, 5.0)
     assert add.launch_samples == (2, 1, 2)
-    assert add.launch_medians_s == (2.0, 2.0, 4.5)
-    assert other.launch_medians_s == (7.0, 8.5, 6.0)
+    assert add.launch_times_s == (2.0, 2.0, 4.5)
+    assert other.launch_times_s == (7.0, 8.5, 6.0)
     assert Measurement.from_dict(add.to_dict()) == add
     (one,) = merge_launches([[row_of(1.0, 2.0)]])
     assert one.launch_samples == ()
-    assert one.launch_medians_s == (1.5,)
+    assert one.launch_times_s == (1.5,)
     assert "launch_samples" not in one.to_dict()  # as every profile before the field
     bad = dict(add.to_dict(), launch_samples=[2, 2])
     with pytest.raises(InputError, match="launch_samples"):

@@ -113,7 +113,7 @@ class Measurement:
         sum of the means; a median leaves out a right tail that the step pays. On the shared
         2-core VM 25-50 % of the small and mid-size gloo collectives wait a scheduler tick
         (~3.5 ms, a 0.3 ms all_reduce of 256 KiB then takes 3.4): their means are 1.3-5x their
-        medians, while compute rows' are within 1-15 % (`docs/calibration.md`). nccl-tests
+        medians, while compute rows' are within 1-15 % (`docs/collectives.md` 1.7). nccl-tests
         reports the mean too (its "time" is the average over its iterations)."""
         return float(np.mean(self.samples_s))
 
@@ -128,11 +128,6 @@ class Measurement:
     @property
     def q3_s(self) -> float:
         return float(np.percentile(self.samples_s, 75))
-
-    @property
-    def launch_medians_s(self) -> tuple[float, ...]:
-        """The median of each worker launch's samples (one value when one launch measured)."""
-        return tuple(float(np.median(part)) for part in self._launch_parts())
 
     @property
     def launch_times_s(self) -> tuple[float, ...]:
