@@ -262,13 +262,11 @@ def measured(row: dict[str, str], model: ModelSpec) -> tuple[float, str]:
         return step, "derived_step_time_s (source's FLOP formula)"
     tflops, definition = num(row, "tflops_per_gpu"), text(row, "tflops_definition")
     if tflops is not None and "megatron flop formula (includes recompute)" in definition:
-        return megatron_flops(model, batch, recompute=True) / (tflops * 1e12 * gpus), (
-            "tflops_per_gpu (Megatron hardware formula)"
-        )
+        step = tflops_step_s(model, batch, tflops, gpus, recompute=True)
+        return step, "tflops_per_gpu (Megatron hardware formula)"
     if tflops is not None and definition.startswith("model tflop/s"):
-        return megatron_flops(model, batch, recompute=False) / (tflops * 1e12 * gpus), (
-            "tflops_per_gpu (Megatron model formula)"
-        )
+        step = tflops_step_s(model, batch, tflops, gpus, recompute=False)
+        return step, "tflops_per_gpu (Megatron model formula)"
     raise Skip("no step time, throughput or convertible TFLOP/s")
 
 
@@ -286,12 +284,17 @@ def check_consistent(row: dict[str, str], model: ModelSpec, step: float) -> None
     gpus, batch = integer(row, "num_gpus"), integer(row, "global_batch_size")
     if tflops is None or not gpus or not batch or "hardware tflops incl" not in definition:
         return
-    implied = megatron_flops(model, batch, recompute=True) / (tflops * 1e12 * gpus)
+    implied = tflops_step_s(model, batch, tflops, gpus, recompute=True)
     if abs(step / implied - 1) > AGREE:
         raise Skip(
             f"its step time ({step:.4g} s) and its TFLOP/s ({implied:.4g} s by the source's "
             f"formula) disagree (x{step / implied:.2f}): it did not run the batch it states"
         )
+
+
+def tflops_step_s(model: ModelSpec, batch: int, tflops: float, gpus: int, recompute: bool) -> float:
+    """The step a reported TFLOP/s per GPU stands for, by the source's formula."""
+    return megatron_flops(model, batch, recompute) / (tflops * 1e12 * gpus)
 
 
 def megatron_flops(model: ModelSpec, batch: int, recompute: bool) -> float:

@@ -95,6 +95,13 @@ KNOWN_KERNEL_MISFITS = {
     "adamw 33554432 params": "-19%: mean 155 ms (median 154 [150-159]), "
     "launches 147/156/162 ms (launches agree)",
 }
+# zsim's gloo model (half-duplex rank stacks, one latency per ring step, a cost per message, the
+# ranks' copies and sums, all_gather's flat output faulted in above a thread arena's 64 MiB heap,
+# each op's own CPU per byte it moves and per call, send/recv's own call latency) against this
+# host's loopback TCP. Model vs mean (median [quartiles]), the mean of each of the 3 launches,
+# and whether one time is within 10% of every launch's mean. Small calls are bimodal (a ~4 ms
+# stall in a quarter to half of them, which follows the host's scheduling of this VM:
+# calibration_repeat.md), and whole launches sit in the slow mode or not.
 KNOWN_COLLECTIVE_MISFITS = {
     "all_gather_into_tensor intra n=2 16 KiB": "-12%: mean 0.562 ms (median 0.184 [0.148-0.305]), "
     "launches 0.362/0.587/0.737 ms (launches apart)",

@@ -94,7 +94,7 @@ def test_fsdp_bytes_between_nodes_are_gloos_rings(sharding: FsdpSharding, accum:
     assert node_link_bytes(report.link_traffic_bytes, topology) == pytest.approx(want, rel=1e-3)
 
 
-ACKS = nic.HEADER_BYTES / (2 * (nic.MTU_BYTES + 14))  # RFC 5681: an ACK per 2 full segments
+ACKS = nic.HEADER_BYTES / (2 * nic.FRAME_BYTES)  # RFC 5681: an ACK per 2 full segments
 
 
 def _committed_rows() -> list[dict[str, str]]:

@@ -14,6 +14,7 @@ from pathlib import Path
 PROC_NET_DEV = Path("/proc/net/dev")
 HEADER_BYTES = 66  # a TCP/IPv4 packet on Ethernet: 14 + IPv4 20 + TCP 20 + timestamps 12
 MTU_BYTES = 1500  # a veth's default
+FRAME_BYTES = MTU_BYTES + 14  # a full segment's Ethernet frame (the 14-byte Ethernet header)
 GSO_MAX_BYTES = 65536  # the largest packet TCP hands the device when it segments offloaded
 
 
@@ -24,7 +25,7 @@ def frame_bytes(payload_bytes: float, burst_bytes: int | None) -> float:
     splits it into MTU-sized segments before the device counts them (1,448 payload bytes a
     1,514-byte frame); a larger one, or no emulated link (None), passes it whole."""
     whole = burst_bytes is None or burst_bytes >= GSO_MAX_BYTES
-    segment = GSO_MAX_BYTES if whole else MTU_BYTES + 14  # 14: the Ethernet header
+    segment = GSO_MAX_BYTES if whole else FRAME_BYTES
     payload = segment - HEADER_BYTES
     return payload_bytes * segment / payload
 

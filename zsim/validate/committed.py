@@ -85,12 +85,13 @@ def repredicted(folder: Path, root: Path, band_samples: int = 0) -> list[Committ
     """Every measured case of one `zsim validate` output folder, predicted again; profile
     paths in the rows are relative to `root` (the repository)."""
     out = []
+    burst = burst_bytes(folder)
     with (folder / "predicted_vs_measured.csv").open() as f:
         for row in csv.DictReader(f):
             if row["status"] != "ok" or not row["measured_step_s"]:
                 continue
             profile = root / row["profile"]
-            prediction = predict(case_of(row), profile, band_samples, burst_bytes(folder))
+            prediction = predict(case_of(row), profile, band_samples, burst)
             nic = (
                 float(row["measured_nic_bytes_per_step"] or "nan")
                 if row.get("measured_nic_bytes_per_step")

@@ -97,8 +97,9 @@ def predict(
     low, high = widened(min(low, step), max(high, step), error)
     cut = simulated_pipeline_phases if case.parallel.pp > 1 else simulated_phases
     phases = cut(report.engine.all_spans(), 0, step)
-    payload = node_link_bytes(report.link_traffic_bytes, topology)
-    nic = frame_bytes(payload, burst_bytes) if case.nodes > 1 else None
+    nic = None
+    if case.nodes > 1:
+        nic = frame_bytes(node_link_bytes(report.link_traffic_bytes, topology), burst_bytes)
     return Prediction(step, low, high, report.memory, len(samples), phases, error, nic)
 
 
