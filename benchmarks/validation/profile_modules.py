@@ -3,11 +3,12 @@ step, beside the calibration's own microbenchmark of the same layers, in one spe
 
     torchrun --nproc_per_node 2 benchmarks/validation/profile_modules.py CASE OUT
 
-CASE: a data-parallel validation case.json (e.g. benchmarks/validation/cpu-1x2-gpt/launch0/
-runs/z0/case.json). Each rank trains the case's engine (the validation worker's `Trainer`) for
-3 steps, then times 6 more with forward and full-backward hooks on the model's top-level
-modules (a transformer's blocks one by one), then runs `zsim.calibrate.micro.layer` for its
-blocks at the case's micro-batch in the same processes, and writes OUT/rank<r>.json. The
+CASE: a validation case.json without pipeline stages (e.g. benchmarks/validation/cpu-1x2-gpt/
+launch0/runs/z0/case.json; with tp > 1 each rank's Megatron shard, and the TP layers'
+all-reduces timed per phase). Each rank trains the case's engine (the validation worker's
+`Trainer`) for 3 steps, then times 6 more with forward and full-backward hooks on the model's
+top-level modules (a transformer's blocks one by one), then runs `zsim.calibrate.micro.layer`
+for its blocks at the case's micro-batch in the same processes, and writes OUT/rank<r>.json. The
 engine's forward and backward beyond their modules' (the loss, the tied weights' accumulation)
 is what the hooks do not see; its gradient all-reduce (`engine.allreduce_gradients`, with its
 copies) is timed by itself, and its flatten of the gradients into a fresh buffer against the
@@ -38,6 +39,7 @@ from torch import nn
 from zsim.calibrate import micro
 from zsim.calibrate.bench import Bench
 from zsim.calibrate.plan import Plan
+from zsim.testbed import tp_layers
 from zsim.testbed.procs import CPU_ALLOCATOR_ENV
 from zsim.testbed.torchmodels import flush_subnormals
 from zsim.validate.layouts import Trainer
@@ -95,6 +97,40 @@ def _timed(engine: Any, method: str, times: dict[str, list[float]]) -> None:
     setattr(engine, method, timed)
 
 
+class _CommClock:
+    """Seconds inside the TP layers' all-reduces (a call, or the wait of an async one) per
+    engine phase: the hooks' module times hold them, the microbenchmark's do not."""
+
+    def __init__(self) -> None:
+        self.phase = "other"
+        self.seconds: dict[str, float] = {}
+        self._all_reduce = torch.distributed.all_reduce
+        setattr(tp_layers, "dist", self)  # noqa: B010  # the module's `dist`, not torch's
+        self.ReduceOp = torch.distributed.ReduceOp
+
+    def _add(self, start: float) -> None:
+        key = f"comm.{self.phase}"
+        self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - start
+
+    def all_reduce(self, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        work = self._all_reduce(*args, **kwargs)
+        self._add(start)
+        if work is None:
+            return None
+        clock, wait = self, work.wait
+
+        class _Timed:
+            def wait(self) -> Any:
+                begin = time.perf_counter()
+                try:
+                    return wait()
+                finally:
+                    clock._add(begin)
+
+        return _Timed()
+
+
 def _flatten_s(grads: list[torch.Tensor]) -> dict[str, float]:
     """DeepSpeed's flatten of the gradients (`allreduce_bucket`: torch.cat into a new buffer)
     against the same copy into a buffer kept from the call before: the difference is what
@@ -126,31 +162,38 @@ def main(argv: list[str]) -> int:
     flush_subnormals("cpu")  # as the training worker does
     deepspeed.init_distributed(dist_backend="gloo")
     spec = model_from(case["model"])
-    trainer = Trainer(spec, case["ds_config"], (1, 1, 1234))
+    tp = int(case.get("tp", 1))
+    trainer = Trainer(spec, case["ds_config"], (tp, 1, 1234))
     engine, (x, y) = trainer.engine, trainer.batch
     times = _hooked(_modules(engine.module))
     _timed(engine, "allreduce_gradients", times)  # ZeRO-0/1's all-reduce after the backward
+    comm = _CommClock()
     phases: list[tuple[float, float, float]] = []
     for i in range(WARMUP + TIMED):
         if i == WARMUP:
             times.clear()
             phases.clear()
+            comm.seconds.clear()
             dist.barrier()
         t0 = time.perf_counter()
+        comm.phase = "forward"
         loss = engine(x, y)
         t1 = time.perf_counter()
+        comm.phase = "backward"
         engine.backward(loss)
         t2 = time.perf_counter()
+        comm.phase = "step"
         engine.step()
         phases.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
     micro_batch = int(case["ds_config"]["train_micro_batch_size_per_gpu"])
     bench = Bench(Plan(device="cpu", dtype="fp32", models=(spec,)), torch.device("cpu"))
-    rows = micro.layer(bench, spec, LayerKind.BLOCK, micro_batch)
+    rows = micro.layer(bench, spec, LayerKind.BLOCK, micro_batch, tp)
     grads = [torch.ones_like(p) for p in engine.module.parameters()]  # the gradients' shapes
     result = {
         "flatten": _flatten_s(grads),
         "engine_forward_backward_step_s": [statistics.median(p) for p in zip(*phases, strict=True)],
         "inside_s": {k: statistics.median(v) for k, v in times.items()},
+        "tp_comm_s_per_step": {k: v / TIMED for k, v in comm.seconds.items()},
         "microbenchmark_block_s": {str(r.kind): statistics.median(r.samples_s) for r in rows},
     }
     (out / f"rank{dist.get_rank()}.json").write_text(json.dumps(result, indent=2) + "\n")
