@@ -51,13 +51,15 @@ def test_the_prefix_gives_the_event_loops_step(name: str, monkeypatch: pytest.Mo
 
 @pytest.mark.parametrize(
     ("name", "share"),
-    [("dgx-2x8-tp8-pp2", 0.7), ("ib-4x4-pp4-deepspeed", 0.8), ("full-straggler-eth-z2", 0.8)],
+    [("dgx-2x8-tp8-pp2", 0.65), ("ib-4x4-pp4-deepspeed", 0.8), ("full-straggler-eth-z2", 0.8)],
 )
 def test_a_pipelines_steady_state_is_the_prefixs(
     name: str, share: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Most tasks of a pipeline's step (and of a data-parallel step with accumulation) start
-    before its first collective."""
+    before its first collective. (The 1.3B at tp 8 x pp 2 runs 29 of its 42 tasks so: since
+    DeepSpeed's gradient copies at dp 1 are modelled, two of them follow the tied embeddings'
+    all-reduce.)"""
     seen: list[tuple[int, int]] = []
     real = prefix_module.time_prefix
 

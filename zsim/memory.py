@@ -209,7 +209,7 @@ def comm_buffer_bytes(
 
     Measured on DeepSpeed 0.19 (held tensors, byte-exact):
     - stage 0 flattens each all-reduce bucket (up to `STAGE0_ALLREDUCE_BUCKET_NUMEL`) into a
-      copy;
+      copy, over one data-parallel rank too (the engine has no shortcut for it);
     - stages 1-2 allocate the whole IPG bucket, reduce_bucket_size elements whatever the model
       size (two with overlap_comm), during backward (`setup_buckets`);
     - stage 3 keeps one such bucket from initialisation on, and the parameters its coordinator
@@ -221,7 +221,7 @@ def comm_buffer_bytes(
     b = cfg.precision.bytes
     stage = cfg.zero_stage
     if stage is ZeroStage.NONE:
-        return min(STAGE0_ALLREDUCE_BUCKET_NUMEL, params) * b if cfg.dp > 1 else 0.0
+        return min(STAGE0_ALLREDUCE_BUCKET_NUMEL, params) * b
     bucket = cfg.knobs.reduce_bucket_size * b
     if stage is ZeroStage.PARAMETERS:
         return bucket + zero3_gathered_numel(model, cfg, layers) * b

@@ -17,13 +17,22 @@ FSDP = DpEngine.FSDP
 def grad_norm(job: StageJob, writer: ProgramWriter, deps: list[Task]) -> list[Task]:
     """The global gradient norm: a one-element all-reduce every step (ZeRO 1-2 fp32 as
     compute_grad_norm=True, ZeRO-3 fp64; stage 0 clips with the default
-    gradient_clipping=1.0)."""
-    if job.cfg.dp == 1:
-        return deps
-    deepspeed3 = job.cfg.zero_stage is ZeroStage.PARAMETERS and job.cfg.dp_engine is not FSDP
-    nbytes = 8 if deepspeed3 else 4  # FSDP: torch's clip_grad_norm_ in the fp32 grads' dtype
-    comm = Comm(CollectiveOp.ALL_REDUCE, nbytes, Group.DP)
-    return [writer.comm("grad_norm", comm, Category.GRAD_REDUCE, deps)]
+    gradient_clipping=1.0). DeepSpeed's engine all-reduces it over the data-parallel group
+    (`runtime/utils.py` `clip_grad_norm_`, the ZeRO optimizers' `get_grad_norm_direct`; over
+    one rank too, which returns at once: left out), and with an mpu again over the mpu's
+    model-parallel group when that has more than one rank (`_model_parallel_all_reduce`): the
+    TP group at pp 1. With pipeline stages that group is the pipeline grid's slice (every
+    stage of a replica), which zsim's process groups do not hold: not charged there."""
+    cfg = job.cfg
+    deepspeed = cfg.dp_engine is DpEngine.DEEPSPEED
+    nbytes = 8 if deepspeed and cfg.zero_stage is ZeroStage.PARAMETERS else 4  # FSDP: fp32
+    if cfg.dp > 1:
+        comm = Comm(CollectiveOp.ALL_REDUCE, nbytes, Group.DP)
+        deps = [writer.comm("grad_norm", comm, Category.GRAD_REDUCE, deps)]
+    if deepspeed and cfg.has_mpu and cfg.tp > 1 and cfg.pp == 1:
+        comm = Comm(CollectiveOp.ALL_REDUCE, nbytes, Group.TP)
+        deps = [writer.comm("grad_norm_model_parallel", comm, Category.GRAD_REDUCE, deps)]
+    return deps
 
 
 def optimizer_step(job: StageJob, writer: ProgramWriter, deps: list[Task]) -> list[Task]:

@@ -10,6 +10,12 @@
   overlap_comm is on;
 - stage 3: gradients are reduce-scattered in reduce_bucket_size buckets during every backward.
 
+Stages 0-2 run all of it on a data-parallel group of one rank as well (tensor or pipeline
+parallelism alone): the engine has no shortcut for it, so the bucket copies are paid
+(`engine.allreduce_gradients` at dp 1 took 14 ms of a 1x2 GPT step at tp 2,
+`benchmarks/validation/README.md`); the collectives over one rank return at once and are left
+out (their call latency: 0.07 ms on `cpu-2rank`). ZeRO-3 over one rank is not followed.
+
 `GradientReducer` holds the IPG bucket and what it has reduced; the step calls it as the
 backward produces gradients and at the accumulation boundary.
 """
@@ -68,8 +74,8 @@ class GradientReducer:
         stages 2 and 3 on every micro-batch, stage 1 with overlap_comm at the boundary only
         (`process_gradients`, stage_1_and_2.py:2284-2294)."""
         cfg = self.job.cfg
-        if cfg.dp == 1:
-            return False
+        if cfg.dp == 1 and cfg.zero_stage is ZeroStage.PARAMETERS:
+            return False  # ZeRO-3 over one rank is not followed (stages 0-2 are: they reduce)
         if cfg.zero_stage >= ZeroStage.GRADIENTS:
             return True
         return cfg.zero_stage is ZeroStage.OPTIMIZER and cfg.overlap_comm and boundary
@@ -140,8 +146,11 @@ class GradientReducer:
             self._flushes.append(self._last)
 
     def _calls(self, numel: int) -> list[Comm]:
-        """The bucket's collectives (none where qgZ averages it tensor by tensor)."""
+        """The bucket's collectives (none where qgZ averages it tensor by tensor, or over one
+        rank: the module's doc)."""
         job, cfg, d = self.job, self.job.cfg, self.job.element_bytes
+        if cfg.dp == 1:
+            return []
         if cfg.zero_stage is ZeroStage.PARAMETERS:
             if job.qgz_nodes:
                 return []
@@ -162,7 +171,7 @@ class GradientReducer:
         after the parameter that crosses the size) and stage 1's `reduce_gradients` without
         overlap_comm."""
         job, cfg, writer = self.job, self.job.cfg, self.writer
-        if cfg.dp == 1 or cfg.zero_stage >= ZeroStage.GRADIENTS or self._reduced_in_hooks:
+        if cfg.zero_stage >= ZeroStage.GRADIENTS or self._reduced_in_hooks:
             return deps
         tensors = job.tensors()
         if cfg.zero_stage is ZeroStage.OPTIMIZER:
@@ -175,11 +184,14 @@ class GradientReducer:
         for i, t in enumerate(tensors):
             numel += t.per_rank(cfg.tp)
             if numel > STAGE0_ALLREDUCE_BUCKET_NUMEL or i == len(tensors) - 1:
-                # `allreduce_bucket`: flatten (a copy), all-reduce, divide by dp, copy back
+                # `allreduce_bucket`: flatten (a copy), all-reduce, divide by dp (postscale:
+                # skipped where gradient_predivide_factor 1.0 equals dp), copy back
                 comm = Comm(CollectiveOp.ALL_REDUCE, numel * d, Group.DP)
+                after = (1 if cfg.dp == 1 else 2) * d * numel
                 last = [writer.memory_pass("flatten", d * numel, last)]
-                last = [writer.comm("grad_allreduce", comm, Category.GRAD_REDUCE, last)]
-                last = [writer.memory_pass("unflatten_and_scale", 2 * d * numel, last)]
+                if cfg.dp > 1:
+                    last = [writer.comm("grad_allreduce", comm, Category.GRAD_REDUCE, last)]
+                last = [writer.memory_pass("unflatten_and_scale", after, last)]
                 numel = 0
         return last
 

@@ -164,14 +164,18 @@ class ParallelConfig:
         return mechanism not in self.without
 
     @property
+    def has_mpu(self) -> bool:
+        """Whether DeepSpeed is given a model-parallel unit (default: exactly when tp > 1 or
+        pp > 1, as Megatron-DeepSpeed and DeepSpeed's pipeline engine give one)."""
+        return self.mpu if self.mpu is not None else (self.tp > 1 or self.pp > 1)
+
+    @property
     def one_dp_group(self) -> bool:
         """ZeRO-3 gathers and reduce-scatters on one process group, so one NCCL stream. With
         an mpu both use its data-parallel group; without one, parameters are gathered on
         WORLD and gradients reduced on the engine's clone of it, two communicators
         (deepspeed 0.19: partition_parameters.Init, utils/groups._clone_world_group)."""
-        if not self.models(Mechanism.ONE_PROCESS_GROUP):
-            return False
-        return self.mpu if self.mpu is not None else (self.tp > 1 or self.pp > 1)
+        return self.models(Mechanism.ONE_PROCESS_GROUP) and self.has_mpu
 
     def __post_init__(self) -> None:
         for name, kind in _ENUM_FIELDS.items():  # accept "full", 3, ... from Python callers
