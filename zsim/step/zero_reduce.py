@@ -186,11 +186,11 @@ class GradientReducer:
             if numel > STAGE0_ALLREDUCE_BUCKET_NUMEL or i == len(tensors) - 1:
                 # `allreduce_bucket`: flatten (a copy), all-reduce, divide by dp (postscale:
                 # skipped where gradient_predivide_factor 1.0 equals dp), copy back
-                comm = Comm(CollectiveOp.ALL_REDUCE, numel * d, Group.DP)
-                after = (1 if cfg.dp == 1 else 2) * d * numel
                 last = [writer.memory_pass("flatten", d * numel, last)]
                 if cfg.dp > 1:
+                    comm = Comm(CollectiveOp.ALL_REDUCE, numel * d, Group.DP)
                     last = [writer.comm("grad_allreduce", comm, Category.GRAD_REDUCE, last)]
+                after = (1 if cfg.dp == 1 else 2) * d * numel
                 last = [writer.memory_pass("unflatten_and_scale", after, last)]
                 numel = 0
         return last

@@ -1,0 +1,57 @@
+"""DeepSpeed 0.19.8 over a data-parallel group of one rank (tensor or pipeline parallelism
+alone): the engine takes the same reduction path as at any dp (`_backward_epilogue` ->
+`allreduce_gradients`, `runtime/engine.py`), and the gradient norm is all-reduced over the
+mpu's model-parallel group as well (`runtime/utils.py` `clip_grad_norm_`). Expected values are
+counted from that source, not from zsim: stage 0 flattens the gradients (`allreduce_bucket`:
+one copy) and copies them back (`allreduce_and_copy`; the postscale divide is skipped since
+gradient_predivide_factor 1.0 equals a world of one), and the norm takes two calls at tp 2."""
+
+from __future__ import annotations
+
+import pytest
+
+from zsim.inputs import presets
+from zsim.memory import comm_buffer_bytes
+from zsim.step.builder import build_program
+from zsim.step.program import Group
+from zsim.workload.model import ModelKind, ModelSpec
+from zsim.workload.parallel import ParallelConfig
+
+MLP = ModelSpec("toy-mlp", ModelKind.MLP, layers=8, hidden=1024)  # 8 x (1024^2 + 1024)
+PARAMS = 8 * (1024 * 1024 + 1024)
+A100 = presets.gpu("a100-80gb")
+
+
+def _passes(cfg: ParallelConfig) -> dict[str, float]:
+    """Seconds of each named copy of the stage-0 reduction, on stage 0 of the layout."""
+    program = build_program(MLP, cfg, A100, 0)
+    return {t.name: t.duration_s for t in program.tasks if "flatten" in t.name}
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_stage_0_copies_its_gradients_at_dp_1_as_at_dp_2(tp: int) -> None:
+    one = ParallelConfig(dp=1, tp=tp, zero_stage=0, precision="bf16")
+    two = ParallelConfig(dp=2, tp=tp, zero_stage=0, precision="bf16")
+    at_one, at_two = _passes(one), _passes(two)
+    copy = A100.copy_time_s(2 * PARAMS / tp, "bf16")  # bf16 gradients, this rank's shard
+    assert at_one["flatten"] == pytest.approx(copy, rel=1e-3)  # bias shards: a few elements
+    assert at_two["flatten"] == pytest.approx(copy, rel=1e-3)
+    assert at_one["unflatten_and_scale"] == pytest.approx(copy, rel=1e-3)  # copy back only
+    assert at_two["unflatten_and_scale"] == pytest.approx(2 * copy, rel=1e-3)  # divide too
+
+
+def test_the_norm_is_all_reduced_over_tp_too() -> None:
+    cfg = ParallelConfig(dp=1, tp=2, zero_stage=1, precision="bf16")
+    norm = [t for t in build_program(MLP, cfg, A100, 0).tasks if t.name.startswith("grad_norm")]
+    assert [(t.comm.group, t.comm.nbytes) for t in norm if t.comm] == [(Group.TP, 4)]
+    wide = ParallelConfig(dp=2, tp=2, zero_stage=1, precision="bf16")
+    norm = [t for t in build_program(MLP, wide, A100, 0).tasks if t.name.startswith("grad_norm")]
+    assert [t.comm.group for t in norm if t.comm] == [Group.DP, Group.TP]
+    plain = ParallelConfig(dp=2, zero_stage=1, precision="bf16")  # no mpu: one call
+    norm = [t for t in build_program(MLP, plain, A100, 0).tasks if t.name.startswith("grad_norm")]
+    assert [t.comm.group for t in norm if t.comm] == [Group.DP]
+
+
+def test_stage_0_holds_its_flattened_bucket_at_dp_1() -> None:
+    cfg = ParallelConfig(dp=1, tp=1, zero_stage=0, precision="bf16")
+    assert comm_buffer_bytes(MLP, cfg, (), PARAMS) == 2 * PARAMS  # one bf16 copy, < 5e8
