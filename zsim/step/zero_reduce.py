@@ -14,7 +14,8 @@ Stages 0-2 run all of it on a data-parallel group of one rank as well (tensor or
 parallelism alone): the engine has no shortcut for it, so the bucket copies are paid
 (`engine.allreduce_gradients` at dp 1 took 14 ms of a 1x2 GPT step at tp 2,
 `benchmarks/validation/README.md`); the collectives over one rank return at once and are left
-out (their call latency: 0.07 ms on `cpu-2rank`). ZeRO-3 over one rank is not followed.
+out (their call latency: 0.07 ms on `cpu-2rank`). ZeRO-3 too: `reduce_scatter_coalesced`
+interleaves and divides whatever the world size (`runtime/comm/coalesced_collectives.py`).
 
 `GradientReducer` holds the IPG bucket and what it has reduced; the step calls it as the
 backward produces gradients and at the accumulation boundary.
@@ -74,8 +75,6 @@ class GradientReducer:
         stages 2 and 3 on every micro-batch, stage 1 with overlap_comm at the boundary only
         (`process_gradients`, stage_1_and_2.py:2284-2294)."""
         cfg = self.job.cfg
-        if cfg.dp == 1 and cfg.zero_stage is ZeroStage.PARAMETERS:
-            return False  # ZeRO-3 over one rank is not followed (stages 0-2 are: they reduce)
         if cfg.zero_stage >= ZeroStage.GRADIENTS:
             return True
         return cfg.zero_stage is ZeroStage.OPTIMIZER and cfg.overlap_comm and boundary
