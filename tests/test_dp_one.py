@@ -55,3 +55,15 @@ def test_the_norm_is_all_reduced_over_tp_too() -> None:
 def test_stage_0_holds_its_flattened_bucket_at_dp_1() -> None:
     cfg = ParallelConfig(dp=1, tp=1, zero_stage=0, precision="bf16")
     assert comm_buffer_bytes(MLP, cfg, (), PARAMS) == 2 * PARAMS  # one bf16 copy, < 5e8
+
+
+def test_zero_3_copies_its_buckets_at_dp_1_as_at_dp_2() -> None:
+    """stage3's flush copies into the IPG bucket, and `reduce_scatter_coalesced` interleaves
+    and divides at any world size: the same passes before the reduction at dp 1 and dp 2."""
+
+    def prepare(dp: int) -> list[float]:
+        cfg = ParallelConfig(dp=dp, zero_stage=3, precision="bf16")
+        tasks = build_program(MLP, cfg, A100, 0).tasks
+        return [t.duration_s for t in tasks if t.name == "bucket_prepare"]
+
+    assert prepare(1) and prepare(1) == pytest.approx(prepare(2), rel=1e-12)
