@@ -68,3 +68,15 @@ def test_zero_3_copies_its_buckets_at_dp_1_as_at_dp_2() -> None:
 
     assert prepare(1)
     assert prepare(1) == pytest.approx(prepare(2), rel=1e-12)
+
+
+def test_the_planners_closed_form_pays_the_same_copies() -> None:
+    """The planner's fast tier at dp 1, ZeRO-0, tp 2: what it exposes for data parallelism
+    is the flatten and the copy back of this rank's bf16 gradients, nothing else."""
+    from zsim.plan.estimate import Estimator
+
+    topo = presets.topology("1x2-nvlink")
+    cfg = ParallelConfig(dp=1, tp=2, zero_stage=0, precision="bf16")
+    estimate = Estimator(MLP, topo, A100).estimate(cfg)
+    copy = A100.copy_time_s(2 * PARAMS / 2, "bf16")
+    assert estimate.exposed_comm_s == pytest.approx(2 * copy, rel=1e-3)

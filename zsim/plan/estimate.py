@@ -39,6 +39,7 @@ from zsim.step.job import StageJob
 from zsim.step.kernels import LayerKernels
 from zsim.step.optimizer import step_passes
 from zsim.step.program import Comm
+from zsim.step.zero_reduce import one_rank_copies_s
 from zsim.workload.layout import rank_chunks
 from zsim.workload.model import Layer, ModelSpec
 from zsim.workload.parallel import (
@@ -69,9 +70,8 @@ class Estimate:
 
 @dataclass(frozen=True)
 class _Pipeline:
-    """A layout's stages: each distinct one (stage, forward, backward, parameters held) at its
-    first index (a pipeline's middle stages are alike: each distinct stage's tail is timed
-    once), and the slowest stage's and all stages' forward plus backward."""
+    """A layout's distinct stages (stage, forward, backward, parameters held) at their first
+    index, each tail timed once, and the slowest's and all stages' forward plus backward."""
 
     firsts: tuple[tuple[int, float, float, int], ...]
     slowest: float
@@ -79,9 +79,8 @@ class _Pipeline:
 
 
 class Estimator:
-    """Closed-form step times for many layouts of one model on one cluster; what layouts
-    share (a layer's pass at a TP width and micro-batch, a collective's line) is computed
-    once."""
+    """Closed-form step times for many layouts of one model on one cluster; what layouts share
+    (a layer's pass at a TP width and micro-batch, a collective's line) is computed once."""
 
     def __init__(self, model: ModelSpec, topology: Topology, device: DeviceProfile) -> None:
         self.model, self.topology, self.device = model, topology, device
@@ -280,8 +279,7 @@ class Estimator:
         backward: float,
         params: int,
     ) -> tuple[float, float, float]:
-        """(exposed data-parallel communication, optimizer and post-step time, bytes sent)
-        of one stage's rank."""
+        """A stage's rank: (exposed data-parallel comm, optimizer and post-step s, bytes sent)."""
         group = self._dp_group(grid, stage)
         d, n = cfg.precision.bytes, cfg.dp
         padded = -(-params // n) * n
@@ -306,6 +304,8 @@ class Estimator:
             exposed = self._reduce(cfg, group, params, backward)
             reductions = cfg.grad_accum if cfg.zero_stage is ZeroStage.GRADIENTS else 1
             sent = reductions * 2 * (n - 1) / n * params * d  # all-reduces
+        elif cfg.dp_engine is DpEngine.DEEPSPEED:
+            exposed = one_rank_copies_s(self.device, cfg, params)
         shard = params / (cfg.shard_ranks if cfg.zero_stage >= ZeroStage.OPTIMIZER else 1)
         optimizer = self._optimizer(cfg, stage, shard)
         if n > 1 and cfg.zero_stage in (ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS):

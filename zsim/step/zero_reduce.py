@@ -27,12 +27,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from zsim.cluster.device import DeviceProfile
 from zsim.network.collective import CollectiveOp
 from zsim.step.job import StageJob
 from zsim.step.program import Category, Comm, Group, ProgramWriter, Stream, Task
 from zsim.step.qgz import quantized_average, quantizes
 from zsim.workload.model import Layer, LayerKind, ParamTensor
-from zsim.workload.parallel import STAGE0_ALLREDUCE_BUCKET_NUMEL, ZeroStage
+from zsim.workload.parallel import STAGE0_ALLREDUCE_BUCKET_NUMEL, ParallelConfig, ZeroStage
 
 MAX_PARAM_REDUCE_EVENTS = 2
 """ZeRO-3's host throttle: at a flush with more reductions in flight than this, the host waits
@@ -193,6 +194,16 @@ class GradientReducer:
                 last = [writer.memory_pass("unflatten_and_scale", after, last)]
                 numel = 0
         return last
+
+
+def one_rank_copies_s(device: DeviceProfile, cfg: ParallelConfig, params: float) -> float:
+    """The copies DeepSpeed makes of `params` gradients per step over a data-parallel group of
+    one (the module's doc; the planner's closed form): stage 0 flattens and copies back at the
+    boundary; the others copy into the bucket, divide, interleave and copy out (`bucket_passes`
+    at dp 1), on every micro-batch from stage 2 on."""
+    passes = 2 if cfg.zero_stage is ZeroStage.NONE else 4
+    times = cfg.grad_accum if cfg.zero_stage >= ZeroStage.GRADIENTS else 1
+    return times * device.copy_time_s(passes * cfg.precision.bytes * params, str(cfg.precision))
 
 
 def bucket_passes(job: StageJob, tensors: Sequence[ParamTensor]) -> tuple[float, float]:
