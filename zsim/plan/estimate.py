@@ -305,7 +305,7 @@ class Estimator:
             reductions = cfg.grad_accum if cfg.zero_stage is ZeroStage.GRADIENTS else 1
             sent = reductions * 2 * (n - 1) / n * params * d  # all-reduces
         elif cfg.dp_engine is DpEngine.DEEPSPEED:
-            exposed = one_rank_copies_s(self.device, cfg, params)
+            exposed = one_rank_copies_s(self.job(cfg, stage))
         shard = params / (cfg.shard_ranks if cfg.zero_stage >= ZeroStage.OPTIMIZER else 1)
         optimizer = self._optimizer(cfg, stage, shard)
         if n > 1 and cfg.zero_stage in (ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS):

@@ -27,13 +27,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from zsim.cluster.device import DeviceProfile
 from zsim.network.collective import CollectiveOp
 from zsim.step.job import StageJob
 from zsim.step.program import Category, Comm, Group, ProgramWriter, Stream, Task
 from zsim.step.qgz import quantized_average, quantizes
 from zsim.workload.model import Layer, LayerKind, ParamTensor
-from zsim.workload.parallel import STAGE0_ALLREDUCE_BUCKET_NUMEL, ParallelConfig, ZeroStage
+from zsim.workload.parallel import STAGE0_ALLREDUCE_BUCKET_NUMEL, ZeroStage
 
 MAX_PARAM_REDUCE_EVENTS = 2
 """ZeRO-3's host throttle: at a flush with more reductions in flight than this, the host waits
@@ -181,29 +180,38 @@ class GradientReducer:
             self.flush(deps)
             return [self._last] if self._last else deps
         last, numel, d = deps, 0, job.element_bytes
+        before, after = stage0_passes(cfg.dp)
         for i, t in enumerate(tensors):
             numel += t.per_rank(cfg.tp)
             if numel > STAGE0_ALLREDUCE_BUCKET_NUMEL or i == len(tensors) - 1:
-                # `allreduce_bucket`: flatten (a copy), all-reduce, divide by dp (postscale:
-                # skipped where gradient_predivide_factor 1.0 equals dp), copy back
-                last = [writer.memory_pass("flatten", d * numel, last)]
+                last = [writer.memory_pass("flatten", before * d * numel, last)]
                 if cfg.dp > 1:
                     comm = Comm(CollectiveOp.ALL_REDUCE, numel * d, Group.DP)
                     last = [writer.comm("grad_allreduce", comm, Category.GRAD_REDUCE, last)]
-                after = (1 if cfg.dp == 1 else 2) * d * numel
-                last = [writer.memory_pass("unflatten_and_scale", after, last)]
+                last = [writer.memory_pass("unflatten_and_scale", after * d * numel, last)]
                 numel = 0
         return last
 
 
-def one_rank_copies_s(device: DeviceProfile, cfg: ParallelConfig, params: float) -> float:
-    """The copies DeepSpeed makes of `params` gradients per step over a data-parallel group of
-    one (the module's doc; the planner's closed form): stage 0 flattens and copies back at the
-    boundary; the others copy into the bucket, divide, interleave and copy out (`bucket_passes`
-    at dp 1), on every micro-batch from stage 2 on."""
-    passes = 2 if cfg.zero_stage is ZeroStage.NONE else 4
-    times = cfg.grad_accum if cfg.zero_stage >= ZeroStage.GRADIENTS else 1
-    return times * device.copy_time_s(passes * cfg.precision.bytes * params, str(cfg.precision))
+def stage0_passes(dp: int) -> tuple[int, int]:
+    """Copies of a bucket around stage 0's `allreduce_bucket`, before and after its
+    all-reduce: the flatten; the copy back, after the postscale divide where dp > 1 (skipped
+    at dp 1: gradient_predivide_factor 1.0 equals the world)."""
+    return 1, (1 if dp == 1 else 2)
+
+
+def one_rank_copies_s(job: StageJob) -> float:
+    """The copies DeepSpeed makes of a rank's gradients per step over a data-parallel group
+    of one (the module's doc; the planner's closed form): `stage0_passes` at the boundary, or
+    `bucket_passes` per reduction, on every micro-batch from stage 2 on."""
+    cfg, tensors = job.cfg, job.tensors()
+    if cfg.zero_stage is ZeroStage.NONE:
+        numel = sum(t.per_rank(cfg.tp) for t in tensors)
+        nbytes: float = sum(stage0_passes(1)) * job.element_bytes * numel
+    else:
+        times = cfg.grad_accum if cfg.zero_stage >= ZeroStage.GRADIENTS else 1
+        nbytes = times * sum(bucket_passes(job, tensors))
+    return job.device.copy_time_s(nbytes, job.dtype)
 
 
 def bucket_passes(job: StageJob, tensors: Sequence[ParamTensor]) -> tuple[float, float]:
