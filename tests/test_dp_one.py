@@ -80,3 +80,22 @@ def test_the_planners_closed_form_pays_the_same_copies() -> None:
     estimate = Estimator(MLP, topo, A100).estimate(cfg)
     copy = A100.copy_time_s(2 * PARAMS / 2, "bf16")
     assert estimate.exposed_comm_s == pytest.approx(2 * copy, rel=1e-3)
+
+
+def test_the_planners_closed_form_copies_zero_1_buckets_as_deepspeed_does() -> None:
+    """At dp 2 (one bucket either way) ZeRO-1's reduction copies 3 + 1/2 passes of the
+    gradients (into the IPG bucket, the in-place divide, the partition slices; this rank's
+    half out) where stage 0 copies 1 + 2 (flatten; divide and copy back): the closed form
+    exposes exactly that difference beside the same all-reduce."""
+    from zsim.plan.estimate import Estimator
+
+    topo = presets.topology("1x2-nvlink")
+    estimator = Estimator(MLP, topo, A100)
+
+    def exposed(stage: int) -> float:
+        cfg = ParallelConfig(dp=2, zero_stage=stage, precision="bf16")  # no overlap_comm
+        return estimator.estimate(cfg).exposed_comm_s
+
+    grads = 2 * PARAMS
+    extra = A100.copy_time_s(3.5 * grads, "bf16") - A100.copy_time_s(3 * grads, "bf16")
+    assert exposed(1) - exposed(0) == pytest.approx(extra, rel=1e-6)

@@ -39,7 +39,7 @@ from zsim.step.job import StageJob
 from zsim.step.kernels import LayerKernels
 from zsim.step.optimizer import step_passes
 from zsim.step.program import Comm
-from zsim.step.zero_reduce import one_rank_copies_s
+from zsim.step.zero_reduce import one_rank_copies_s, reduction_copy_bytes
 from zsim.workload.layout import rank_chunks
 from zsim.workload.model import Layer, ModelSpec
 from zsim.workload.parallel import (
@@ -301,7 +301,7 @@ class Estimator:
                 cfg, self.device, collective, groups, sizes, gathered, passes, averaged
             )
         elif n > 1:
-            exposed = self._reduce(cfg, group, params, backward)
+            exposed = self._reduce(cfg, stage, group, params, backward)
             reductions = cfg.grad_accum if cfg.zero_stage is ZeroStage.GRADIENTS else 1
             sent = reductions * 2 * (n - 1) / n * params * d  # all-reduces
         elif cfg.dp_engine is DpEngine.DEEPSPEED:
@@ -364,17 +364,17 @@ class Estimator:
         return self._groups.setdefault(key, group)
 
     def _reduce(
-        self, cfg: ParallelConfig, group: tuple[int, ...], params: int, backward: float
+        self, cfg: ParallelConfig, stage: int, group: tuple[int, ...], params: int, backward: float
     ) -> float:
         """ZeRO 0-2's gradient all-reduces, in their buckets, and what they leave exposed."""
-        stage0 = cfg.zero_stage is ZeroStage.NONE
-        bucket = STAGE0_ALLREDUCE_BUCKET_NUMEL if stage0 else cfg.knobs.reduce_bucket_size
+        bucket = cfg.knobs.reduce_bucket_size if cfg.zero_stage else STAGE0_ALLREDUCE_BUCKET_NUMEL
         calls = max(1, math.ceil(params / bucket))
-        key = ("reduce", id(group), calls, params, cfg.precision)
+        key = ("reduce", id(group), calls, params, cfg.precision, cfg.zero_stage)
         if key not in self._flops:  # the buckets' all-reduces and their copies
-            d, peers = cfg.precision.bytes, self._beside[id(group)]
-            line = self.collective_s(CollectiveOp.ALL_REDUCE, params / calls * d, group, peers)
-            copies = self.device.copy_time_s(3 * d * params, str(cfg.precision))
+            job, peers = self.job(cfg, stage), self._beside[id(group)]
+            size = params / calls * job.element_bytes
+            line = self.collective_s(CollectiveOp.ALL_REDUCE, size, group, peers)
+            copies = self.device.copy_time_s(reduction_copy_bytes(job), job.dtype)
             self._flops[key] = calls * line + copies
         reduce = self._flops[key]
         every_micro_batch = cfg.zero_stage is ZeroStage.GRADIENTS

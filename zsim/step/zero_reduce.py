@@ -202,16 +202,21 @@ def stage0_passes(dp: int) -> tuple[int, int]:
 
 def one_rank_copies_s(job: StageJob) -> float:
     """The copies DeepSpeed makes of a rank's gradients per step over a data-parallel group
-    of one (the module's doc; the planner's closed form): `stage0_passes` at the boundary, or
-    `bucket_passes` per reduction, on every micro-batch from stage 2 on."""
+    of one (the module's doc; the planner's closed form): one reduction's copies, on every
+    micro-batch from stage 2 on."""
+    cfg = job.cfg
+    times = cfg.grad_accum if cfg.zero_stage >= ZeroStage.GRADIENTS else 1
+    return job.device.copy_time_s(times * reduction_copy_bytes(job), job.dtype)
+
+
+def reduction_copy_bytes(job: StageJob) -> float:
+    """Bytes DeepSpeed copies around one reduction of a rank's gradients, all buckets
+    together: `stage0_passes` at stage 0, `bucket_passes` from stage 1 on."""
     cfg, tensors = job.cfg, job.tensors()
     if cfg.zero_stage is ZeroStage.NONE:
         numel = sum(t.per_rank(cfg.tp) for t in tensors)
-        nbytes: float = sum(stage0_passes(1)) * job.element_bytes * numel
-    else:
-        times = cfg.grad_accum if cfg.zero_stage >= ZeroStage.GRADIENTS else 1
-        nbytes = times * sum(bucket_passes(job, tensors))
-    return job.device.copy_time_s(nbytes, job.dtype)
+        return sum(stage0_passes(cfg.dp)) * job.element_bytes * numel
+    return sum(bucket_passes(job, tensors))
 
 
 def bucket_passes(job: StageJob, tensors: Sequence[ParamTensor]) -> tuple[float, float]:
