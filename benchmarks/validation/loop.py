@@ -6,7 +6,7 @@ ZeRO++'s hpZ and FSDP2 with hybrid sharding), then write the tables of README.md
 non-zero when the MAPE over every case exceeds 10 %.
 
     python benchmarks/validation/loop.py [--layouts 1x2,1x2-pp,1x2-fsdp,1x4,1x4-gpt,2x2,2x4]
-        [--reuse-profiles] [--calibrate-only]
+        [--reuse-profiles] [--calibrate-only] [--launches 3]
 
 The emulated layouts (2x2, 2x4: network namespaces joined by tc-shaped veth links) need root.
 Each profile is calibrated just before its validation, one run at a time: the machine should
@@ -179,7 +179,7 @@ def zsim(*args: str) -> None:
     subprocess.run(command, cwd=ROOT, check=True)
 
 
-def run(layout: Layout, reuse: bool, calibrate_only: bool) -> None:
+def run(layout: Layout, reuse: bool, calibrate_only: bool, launches: int) -> None:
     profile = f"calibration/{layout.profile}.json"
     if not reuse:
         zsim("calibrate", *layout.calibrate, "--name", layout.profile, "--out", profile,
@@ -187,8 +187,8 @@ def run(layout: Layout, reuse: bool, calibrate_only: bool) -> None:
     if calibrate_only:
         return
     for v in layout.validations:
-        zsim("validate", "--profile", profile, "--model", v.model, "--launches", "3", *v.args,
-             "--out", f"benchmarks/validation/{v.folder}")  # fmt: skip
+        zsim("validate", "--profile", profile, "--model", v.model, "--launches", str(launches),
+             *v.args, "--out", f"benchmarks/validation/{v.folder}")  # fmt: skip
 
 
 def main(argv: list[str]) -> int:
@@ -200,6 +200,9 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="calibrate the profiles, then predict the committed runs again with them",
     )
+    parser.add_argument(
+        "--launches", type=int, default=3, help="launches per case (the step: their median)"
+    )
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.layouts.split(",") if n.strip()]
     unknown = [n for n in names if n not in LAYOUTS]
@@ -207,7 +210,7 @@ def main(argv: list[str]) -> int:
         print(f"zsim: error: --layouts {','.join(unknown)}: one of {', '.join(LAYOUTS)}")
         return 2
     for name in names:
-        run(LAYOUTS[name], args.reuse_profiles, args.calibrate_only)
+        run(LAYOUTS[name], args.reuse_profiles, args.calibrate_only, args.launches)
     summarize = [sys.executable, str(HERE / "summarize.py"), "--write"]
     subprocess.run(summarize + (["--repredict"] if args.calibrate_only else []), check=True)
     folders = [HERE / v.folder for layout in LAYOUTS.values() for v in layout.validations]
