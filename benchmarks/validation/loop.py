@@ -10,19 +10,24 @@ non-zero when the MAPE over every case exceeds 10 %.
 
 The emulated layouts (2x2, 2x4: network namespaces joined by tc-shaped veth links) need root.
 Each profile is calibrated just before its validation, one run at a time: the machine should
-be otherwise idle. --reuse-profiles validates with the committed profiles instead.
+be otherwise idle. --reuse-profiles validates with the committed profiles instead. A speed
+probe (`speed_probe.py`) runs before each layout's calibration and after its last validation;
+`drift.json` keeps how far the machine's speed moved in between, and a layout that moved more
+than 10 % is flagged.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from summarize import (  # this folder's script: run as a script, it is on the path
+from speed_probe import DRIFT_LIMIT_PCT, drift_pct, probe_ranks
+from summarize import (  # this folder's scripts: run as a script, they are on the path
     case_rows,
     mape_pct,
 )
@@ -46,6 +51,7 @@ class Layout:
     profile: str  # calibration/<profile>.json
     calibrate: tuple[str, ...]  # zsim calibrate's arguments beyond --name/--out
     validations: tuple[Validation, ...]
+    ranks: int = 2  # processes its runs put on the host's cores (the speed probe's too)
 
 
 ON_1X2 = ("--topology", "1x2-cpu", "--steps", "8")
@@ -96,6 +102,7 @@ LAYOUTS = {
                 ),
             ),
         ),
+        ranks=4,
     ),
     "1x4-gpt": Layout(  # tp 2 x dp 2: Megatron's TP groups inside DeepSpeed's ZeRO
         "cpu-4rank-gpt",
@@ -107,6 +114,7 @@ LAYOUTS = {
                 GPT,
             ),
         ),
+        ranks=4,
     ),
     "2x2": Layout(
         "cpu-2x2-1gbit",
@@ -149,6 +157,7 @@ LAYOUTS = {
                 ),
             ),
         ),
+        ranks=4,
     ),
     "2x4": Layout(
         "cpu-2x4-1gbit",
@@ -169,6 +178,7 @@ LAYOUTS = {
                 ("--topology", "2x4-ethernet", "--emulate", "--stages", "3", "--steps", "5"),
             ),
         ),
+        ranks=8,
     ),
 }
 
@@ -179,7 +189,30 @@ def zsim(*args: str) -> None:
     subprocess.run(command, cwd=ROOT, check=True)
 
 
-def run(layout: Layout, reuse: bool, calibrate_only: bool, launches: int) -> None:
+def run(name: str, layout: Layout, reuse: bool, calibrate_only: bool, launches: int) -> None:
+    before, started = probe_ranks(layout.ranks), time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    _run(layout, reuse, calibrate_only, launches)
+    _record_drift(name, before, probe_ranks(layout.ranks), started)
+
+
+def _record_drift(
+    name: str, before: dict[str, float], after: dict[str, float], started: str
+) -> None:
+    """The speed probe at both ends of a layout (`speed_probe.py`), kept in drift.json."""
+    moved = drift_pct(before, after)
+    flagged = any(abs(x) > DRIFT_LIMIT_PCT for x in moved.values())
+    path = HERE / "drift.json"
+    kept = json.loads(path.read_text()) if path.exists() else {}
+    ended = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    kept[name] = {"started": started, "ended": ended, "before_s": before, "after_s": after,
+                  "drift_pct": moved, "flagged": flagged}  # fmt: skip
+    path.write_text(json.dumps(kept, indent=1, sort_keys=True) + "\n")
+    shown = ", ".join(f"{k} {v:+.1f}%" for k, v in moved.items())
+    print(f"[loop] {name}: the machine's speed moved {shown} from its calibration to its end"
+          + (f": over {DRIFT_LIMIT_PCT:.0f}%, flagged" if flagged else ""), flush=True)  # fmt: skip
+
+
+def _run(layout: Layout, reuse: bool, calibrate_only: bool, launches: int) -> None:
     profile = f"calibration/{layout.profile}.json"
     if not reuse:
         zsim("calibrate", *layout.calibrate, "--name", layout.profile, "--out", profile,
@@ -210,7 +243,7 @@ def main(argv: list[str]) -> int:
         print(f"zsim: error: --layouts {','.join(unknown)}: one of {', '.join(LAYOUTS)}")
         return 2
     for name in names:
-        run(LAYOUTS[name], args.reuse_profiles, args.calibrate_only, args.launches)
+        run(name, LAYOUTS[name], args.reuse_profiles, args.calibrate_only, args.launches)
     summarize = [sys.executable, str(HERE / "summarize.py"), "--write"]
     subprocess.run(summarize + (["--repredict"] if args.calibrate_only else []), check=True)
     folders = [HERE / v.folder for layout in LAYOUTS.values() for v in layout.validations]

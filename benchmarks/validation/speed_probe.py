@@ -1,0 +1,77 @@
+"""The machine's speed, before a layout's calibration and after its last validation.
+
+A profile predicts a run only if the machine ran as fast during the run as during the
+calibration; on a shared VM it may not (a neighbour's load moves a GEMM by 10 % and a
+memory-bound pass by 20 % within half an hour). The loop times three fixed operations, one
+process per rank beside each other as the runs use the cores, at both ends of a layout, and
+records how far they moved (`drift.json`): a layout whose probe moved by more than
+`DRIFT_LIMIT_PCT` is flagged, its figures not comparable with a quiet run's.
+
+    python benchmarks/validation/speed_probe.py [--ranks 2]   # prints the seconds as JSON
+
+Nothing here feeds a profile or a prediction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+DRIFT_LIMIT_PCT = 10.0
+REPEATS = 15
+
+
+def _timed(run: Callable[[], object]) -> float:
+    samples = []
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        run()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def probe() -> dict[str, float]:
+    """Median seconds of a GPT-sized GEMM, a 64 MiB copy and an AdamW-sized pass, one thread."""
+    import torch
+
+    torch.set_num_threads(1)
+    a, b = torch.randn(512, 768), torch.randn(768, 3072)
+    src, dst = torch.randn(16 * 2**20), torch.empty(16 * 2**20)
+    x, y = torch.randn(16 * 2**20), torch.randn(16 * 2**20)
+    return {
+        "gemm_512x3072x768_s": _timed(lambda: torch.mm(a, b)),
+        "copy_64MiB_s": _timed(lambda: dst.copy_(src)),
+        "add_64MiB_s": _timed(lambda: x.add_(y, alpha=0.5)),
+    }
+
+
+def probe_ranks(ranks: int) -> dict[str, float]:
+    """Each operation's slowest median over `ranks` processes run beside each other."""
+    command = [sys.executable, __file__, "--one"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen(command, stdout=subprocess.PIPE, env=env) for _ in range(ranks)]
+    results = [json.loads(p.communicate()[0]) for p in procs]
+    return {k: max(r[k] for r in results) for k in results[0]}
+
+
+def drift_pct(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: 100.0 * (after[k] / before[k] - 1.0) for k in before}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    print(json.dumps(probe() if args.one else probe_ranks(args.ranks)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
