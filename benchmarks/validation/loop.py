@@ -11,9 +11,9 @@ non-zero when the MAPE over every case exceeds 10 %.
 The emulated layouts (2x2, 2x4: network namespaces joined by tc-shaped veth links) need root.
 Each profile is calibrated just before its validation, one run at a time: the machine should
 be otherwise idle. --reuse-profiles validates with the committed profiles instead. A speed
-probe (`speed_probe.py`) runs before each layout's calibration and after its last validation;
-`drift.json` keeps how far the machine's speed moved in between, and a layout that moved more
-than 10 % is flagged.
+probe (`speed_probe.py`) runs before each layout's calibration, after it and after its last
+validation; `drift.json` keeps how far the machine's speed spread between them, and a layout
+whose probe spread more than 10 % is flagged.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from speed_probe import DRIFT_LIMIT_PCT, drift_pct, probe_ranks
+from speed_probe import DRIFT_LIMIT_PCT, probe_ranks, spread_pct
 from summarize import (  # this folder's scripts: run as a script, they are on the path
     case_rows,
     mape_pct,
@@ -190,38 +190,36 @@ def zsim(*args: str) -> None:
 
 
 def run(name: str, layout: Layout, reuse: bool, calibrate_only: bool, launches: int) -> None:
-    before, started = probe_ranks(layout.ranks), time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    _run(layout, reuse, calibrate_only, launches)
-    _record_drift(name, before, probe_ranks(layout.ranks), started)
-
-
-def _record_drift(
-    name: str, before: dict[str, float], after: dict[str, float], started: str
-) -> None:
-    """The speed probe at both ends of a layout (`speed_probe.py`), kept in drift.json."""
-    moved = drift_pct(before, after)
-    flagged = any(abs(x) > DRIFT_LIMIT_PCT for x in moved.values())
-    path = HERE / "drift.json"
-    kept = json.loads(path.read_text()) if path.exists() else {}
-    ended = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    kept[name] = {"started": started, "ended": ended, "before_s": before, "after_s": after,
-                  "drift_pct": moved, "flagged": flagged}  # fmt: skip
-    path.write_text(json.dumps(kept, indent=1, sort_keys=True) + "\n")
-    shown = ", ".join(f"{k} {v:+.1f}%" for k, v in moved.items())
-    print(f"[loop] {name}: the machine's speed moved {shown} from its calibration to its end"
-          + (f": over {DRIFT_LIMIT_PCT:.0f}%, flagged" if flagged else ""), flush=True)  # fmt: skip
-
-
-def _run(layout: Layout, reuse: bool, calibrate_only: bool, launches: int) -> None:
-    profile = f"calibration/{layout.profile}.json"
+    """Calibrate the layout's profile, then validate with it; the speed probe at the start,
+    after the calibration and at the end."""
+    profile, started = f"calibration/{layout.profile}.json", time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    probes = {"start": probe_ranks(layout.ranks)}
     if not reuse:
         zsim("calibrate", *layout.calibrate, "--name", layout.profile, "--out", profile,
              "--force")  # fmt: skip
     if calibrate_only:
         return
+    probes["calibrated"] = probe_ranks(layout.ranks)
     for v in layout.validations:
         zsim("validate", "--profile", profile, "--model", v.model, "--launches", str(launches),
              *v.args, "--out", f"benchmarks/validation/{v.folder}")  # fmt: skip
+    probes["end"] = probe_ranks(layout.ranks)
+    _record_drift(name, probes, started)
+
+
+def _record_drift(name: str, probes: dict[str, dict[str, float]], started: str) -> None:
+    """The speed probes of a layout (`speed_probe.py`) and their spread, kept in drift.json."""
+    spread = spread_pct(list(probes.values()))
+    flagged = any(x > DRIFT_LIMIT_PCT for x in spread.values())
+    path = HERE / "drift.json"
+    kept = json.loads(path.read_text()) if path.exists() else {}
+    ended = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    kept[name] = {"started": started, "ended": ended, "probes_s": probes,
+                  "spread_pct": spread, "flagged": flagged}  # fmt: skip
+    path.write_text(json.dumps(kept, indent=1, sort_keys=True) + "\n")
+    shown = ", ".join(f"{k} {v:.1f}%" for k, v in spread.items())
+    print(f"[loop] {name}: the machine's speed spread {shown} over the layout's run"
+          + (f": over {DRIFT_LIMIT_PCT:.0f}%, flagged" if flagged else ""), flush=True)  # fmt: skip
 
 
 def main(argv: list[str]) -> int:

@@ -180,6 +180,26 @@ def _pooled(groups: list[dict]) -> tuple[float, int]:
     return (statistics.median(values) if values else float("nan")), len(values)
 
 
+def drift_table() -> list[str]:
+    """The speed probe's spread over each layout's last run (`speed_probe.py`, drift.json)."""
+    path = HERE / "drift.json"
+    if not path.exists():
+        return []
+    lines = [
+        "The machine's speed over each layout's last run (`speed_probe.py`: slowest probe over "
+        "fastest, less one; flagged past 10 %):",
+        "",
+        "| layout | run | GEMM | 64 MiB copy | 64 MiB add | flagged |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, run in sorted(json.loads(path.read_text()).items()):
+        spread = [f"{run['spread_pct'][k]:.1f}%" for k in sorted(run["spread_pct"])]
+        add, copy, gemm = spread  # the probe's names in alphabetical order
+        span = f"{run['started'][:16]} - {run['ended'][11:16]}"
+        lines.append(f"| {name} | {span} | {gemm} | {copy} | {add} | {run['flagged']} |")
+    return [*lines, ""]
+
+
 BEGIN, END = "<!-- tables:begin -->", "<!-- tables:end -->"
 
 
@@ -192,7 +212,7 @@ def main(argv: list[str]) -> int:
             mape = repredict_folder(folder, HERE.parents[1])
             print(f"{folder.name}: repredicted, MAPE {mape:.1f}%", file=sys.stderr)
     tables = "\n".join(line for folder in folders for line in table(folder))
-    tables += "\n" + overall(folders) + "\n" + "\n".join(fit_table(folders))
+    tables += "\n" + overall(folders) + "\n" + "\n".join([*drift_table(), *fit_table(folders)])
     if "--write" not in argv:
         print(tables)
         return 0
