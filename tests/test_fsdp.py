@@ -101,9 +101,14 @@ def test_fsdp_shards_all_model_states_in_fp32_over_the_shard_group():
 
 
 def test_shard_grad_op_keeps_every_unit_gathered_from_its_forward():
+    """torch 2.13's post_backward: with N alike bf16 blocks B, SHARD_GRAD_OP peaks at the
+    second unit's (N - 1 units still gathered, its gradients, the last unit's fp32
+    reduce-scatter input kept: 2 (N + 2) B bytes), FULL_SHARD at a middle unit's (it and the
+    next, prefetched, its gradients, the kept fp32 input: 10 B); padding to dp aside."""
     full, grad_op = _step("full").memory, _step("grad-op").memory
-    # bf16 blocks kept beyond the two FULL_SHARD holds at once (padding to dp aside)
-    kept = 2 * (sum(BLOCKS) - 2 * max(BLOCKS))
+    n, block = len(BLOCKS), max(BLOCKS)
+    assert min(BLOCKS) == block
+    kept = 2 * (n + 2) * block - 10 * block
     assert grad_op.comm_buffers - full.comm_buffers == pytest.approx(kept, rel=1e-3)
 
 

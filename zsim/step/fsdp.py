@@ -247,17 +247,30 @@ def model_state_bytes(params: float, cfg: ParallelConfig) -> tuple[float, float,
 
 
 def buffer_bytes(cfg: ParallelConfig, layers: Sequence[Layer]) -> float:
-    """Unsharded tensors beside the shards in a backward, the peak of every category added as
-    the ledger does: the root's parameters and gradients (unsharded from the forward's start
-    to the backward's end), the gathered units (the one in its backward and the one
-    prefetched; with SHARD_GRAD_OP every unit, kept from its forward), the unit's unsharded
-    gradients and two fp32 reduce-scatter inputs (the one in flight and the one
-    `reduce_scatter_max_input_buffers` keeps)."""
+    """Unsharded tensors beside the shards at their peak, walked through the backward as
+    torch 2.13's FSDP2 holds them (`_fsdp_param_group`; measured on the real engine,
+    `validate.held.fsdp_in_flight`): the root's parameters and gradients (unsharded from the
+    forward's start to the backward's end), then at each unit's post-backward the units
+    gathered (with SHARD_GRAD_OP every unit not yet through its backward, kept from its
+    forward; else the unit and the next one, prefetched), its unsharded gradients and the
+    previous unit's fp32 reduce-scatter input (`reduce_scatter_max_input_buffers` 1), which
+    is released only after this unit is resharded, before its own is made; with a hybrid
+    mesh also the all-reduced shards of the units already reduced."""
     if cfg.dp == 1:
         return 0.0
     found = units(layers, cfg.tp)
     n, b = cfg.shard_ranks, param_bytes(cfg)
     root, blocks = found[0], [padded(u.numel, n) for u in found[1:]]
-    largest = max(blocks, default=0.0)
-    gathered = sum(blocks) if cfg.fsdp_sharding is FsdpSharding.GRAD_OP else 2 * largest
-    return 2 * b * padded(root.numel, n) + b * (gathered + largest) + 2 * REDUCE_BYTES * largest
+    keep_all = cfg.fsdp_sharding is FsdpSharding.GRAD_OP
+    hybrid = cfg.fsdp_sharding is FsdpSharding.HYBRID
+    peak = 0.0
+    for i, block in enumerate(blocks):  # forward order; the backward runs from the last
+        gathered = sum(blocks[: i + 1]) if keep_all else block + (blocks[i - 1] if i else 0.0)
+        kept = blocks[i + 1] if i + 1 < len(blocks) else 0.0
+        # a hybrid mesh: each reduced unit's fp32 shard, all-reduced across the replicas, is
+        # held by its group until `finalize_backward`
+        shards = REDUCE_BYTES * sum(blocks[i + 1 :]) / n if hybrid else 0.0
+        at_post_backward = b * (gathered + block) + REDUCE_BYTES * kept + shards
+        at_reduce = b * gathered + REDUCE_BYTES * block + shards  # its grads copied in
+        peak = max(peak, at_post_backward, at_reduce)
+    return 2 * b * padded(root.numel, n) + peak

@@ -36,7 +36,8 @@ from zsim.testbed.fsdp_engine import FsdpEngine, local
 
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "comm_buffers", "other")
 
-_COMM = r"ipg|bucket|allgather|all_gather|prefetch|^gathered<[^>]*>$"
+# FSDP2's unsharded gradients and reduce-scatter inputs are its comm buffers too (the ledger's)
+_COMM = r"ipg|bucket|allgather|all_gather|prefetch|^gathered<[^>]*>$|unsharded_grad|reduce_scatter"
 # ZeRO++'s hpZ keeps a secondary partition of each parameter (`ds_secondary_tensor`)
 _PARAMS = r"^param<[^>]*>$|>\.ds_tensor$|>\.ds_secondary_tensor$|bit16|fp16|bf16|lp_param"
 _RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -181,13 +182,36 @@ def fsdp_inventory(engine: FsdpEngine) -> Inventory:
     for name, param in engine.module.named_parameters():
         sharded = hasattr(param, "to_local")
         inv.walk(local(param), f"param<{name}>" if sharded else f"gathered<{name}>")
-        if param.grad is not None:
-            inv.walk(local(param.grad), f"param<{name}>.grad")
+        if param.grad is not None:  # a gathered unit's gradient before its reduce-scatter
+            grad = f"param<{name}>.grad" if sharded else f"gathered<{name}>.unsharded_grad"
+            inv.walk(local(param.grad), grad)
     for i, state in enumerate(engine.optimizer.state.values()):
         for key, value in state.items():
             if isinstance(value, torch.Tensor):
                 inv.walk(local(value), f"optimizer.state[{i}].{key}")
     return inv
+
+
+def fsdp_in_flight(engine: FsdpEngine) -> list[tuple[torch.Tensor, str]]:
+    """FSDP2's buffers its module does not hold (torch 2.13 `_fsdp_param_group`): a unit's
+    all-gather output while pending (prefetched; its parameters are swapped in only at its
+    own pre-forward or pre-backward), the reduce-scatter inputs kept for the next unit, and
+    with a hybrid mesh each unit's all-reduced shard, kept to the backward's end."""
+    found: list[tuple[torch.Tensor, str]] = []
+    groups = []
+    for module in engine.module.modules():
+        state = getattr(module, "_get_fsdp_state", None)
+        group = state()._fsdp_param_group if state is not None else None
+        if group is not None:
+            groups.append(group)
+    for group in groups:
+        if group._all_gather_result is not None:
+            found.append((group._all_gather_result.all_gather_output, "fsdp.all_gather_output"))
+        if group._all_reduce_state is not None:  # a hybrid mesh's shard, kept to the end
+            found.append((group._all_reduce_state.all_reduce_input, "fsdp.reduce_scatter_output"))
+    for kept in groups[0].comm_ctx.reduce_scatter_states if groups else []:
+        found.append((kept.reduce_scatter_input, "fsdp.reduce_scatter_input"))
+    return found
 
 
 class SavedTensors:

@@ -17,6 +17,7 @@ OUT/result.json with what all ranks measured:
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import resource
@@ -35,8 +36,9 @@ from deepspeed import comm as dist
 from deepspeed.comm import comm as ds_comm
 
 from zsim.testbed import nic, torchmodels
+from zsim.testbed.fsdp_engine import FsdpEngine
 from zsim.testbed.phase_clock import PhaseClock, median_phases
-from zsim.validate.held import CATEGORIES, SavedTensors, engine_inventory
+from zsim.validate.held import CATEGORIES, SavedTensors, engine_inventory, fsdp_in_flight
 from zsim.validate.layouts import Trainer
 from zsim.workload.model import ModelKind, ModelSpec
 
@@ -52,8 +54,12 @@ class MemoryProbe:
         self.engine = engine
         self.active = False
         self.snapshots: dict[str, dict[str, int]] = {}
+        self.category_max: dict[str, int] = {}
         self.largest: dict[str, list[dict[str, Any]]] = {}
-        self._snap_inside_zero()
+        if isinstance(engine, FsdpEngine):
+            self._snap_inside_fsdp()
+        else:
+            self._snap_inside_zero()
         if getattr(engine, "basic_optimizer", None) is not None:
             engine.basic_optimizer.register_step_pre_hook(lambda *_: self.snap("optimizer_pre"))
             engine.basic_optimizer.register_step_post_hook(lambda *_: self.snap("optimizer_post"))
@@ -70,6 +76,33 @@ class MemoryProbe:
             if original is not None:
                 setattr(opt, method, self._snapping(original, label))
 
+    def _snap_inside_fsdp(self) -> None:
+        """FSDP2's backward (torch 2.13 `_fsdp_param_group`): each unit's post-backward as it
+        starts (its unsharded gradients all computed, the next unit prefetched, the earlier
+        unit's reduce-scatter input still kept) and as its `foreach_reduce` returns (the unit
+        resharded, its unsharded gradients and their fp32 reduce-scatter input alive):
+        buffers no hook outside FSDP reaches (`held.fsdp_in_flight`)."""
+        fsdp_group: Any = importlib.import_module(
+            "torch.distributed.fsdp._fully_shard._fsdp_param_group"
+        )
+
+        post_backward = fsdp_group.FSDPParamGroup.post_backward
+
+        def entered(group: Any, *args: Any, **kwargs: Any) -> Any:
+            self.snap("post_backward", fsdp_in_flight(self.engine))
+            return post_backward(group, *args, **kwargs)
+
+        foreach_reduce = fsdp_group.foreach_reduce
+
+        def reduced(params: Any, grads: list[Any], *args: Any, **kwargs: Any) -> Any:
+            out = foreach_reduce(params, grads, *args, **kwargs)
+            extra = [(g, "fsdp.unsharded_grad") for g in grads] + fsdp_in_flight(self.engine)
+            self.snap("reduce_scatter", [*extra, (out[0], "fsdp.reduce_scatter_input")])
+            return out
+
+        fsdp_group.FSDPParamGroup.post_backward = entered  # this worker process only
+        fsdp_group.foreach_reduce = reduced
+
     def _snapping(self, original: Any, label: str) -> Any:
         def wrapped(*args: Any, **kwargs: Any) -> Any:
             self.snap(label)
@@ -77,11 +110,21 @@ class MemoryProbe:
 
         return wrapped
 
-    def snap(self, label: str) -> None:
+    def snap(self, label: str, extra: list[tuple[Any, str]] | None = None) -> None:
+        """The engine's holdings now, with `extra` (tensor, name) pairs it does not reach;
+        a label taken more than once keeps its largest total; each category's largest is
+        kept over every snapshot."""
         if not self.active:
             return
         inv = engine_inventory(self.engine)
-        self.snapshots[label] = inv.by_category()
+        for tensor, name in extra or []:
+            inv.walk(tensor, name)
+        totals = inv.by_category()
+        for category, held in totals.items():
+            self.category_max[category] = max(self.category_max.get(category, 0), held)
+        if sum(totals.values()) < sum(self.snapshots.get(label, {}).values()):
+            return
+        self.snapshots[label] = totals
         self.largest[label] = inv.largest()
 
     def peak(self) -> dict[str, Any]:
@@ -90,7 +133,7 @@ class MemoryProbe:
         return {
             "peak_at": at,
             "at_peak": self.snapshots[at],
-            "category_max": {c: max(s[c] for s in self.snapshots.values()) for c in CATEGORIES},
+            "category_max": {c: self.category_max.get(c, 0) for c in CATEGORIES},
             "snapshots": self.snapshots,
             "largest_at_peak": self.largest[at],
         }
