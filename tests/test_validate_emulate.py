@@ -168,8 +168,10 @@ def test_the_scale_is_applied_and_recorded() -> None:
         assert c.emulation.rate_bps == pytest.approx(25e6)
         assert c.emulation.tc_rate_bit == 200_000_000
         assert c.emulation.scale == 0.002
-        measured = c.measure_rate_bps(0, 1, nbytes=8_000_000)
-    assert measured == pytest.approx(25e6, rel=0.15)
+        # tc caps the rate; a loaded 2-core host may not feed 200 Mbit/s from Python on one
+        # try (20.5 MB/s seen once under `make test`): the best of three meets the cap
+        best = max(c.measure_rate_bps(0, 1, nbytes=8_000_000) for _ in range(3))
+    assert best == pytest.approx(25e6, rel=0.15)
 
 
 @needs_root
