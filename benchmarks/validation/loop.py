@@ -11,8 +11,8 @@ non-zero when the MAPE over every case exceeds 10 %.
 The emulated layouts (2x2, 2x4: network namespaces joined by tc-shaped veth links) need root.
 Each profile is calibrated just before its validation, one run at a time: the machine should
 be otherwise idle. --reuse-profiles validates with the committed profiles instead. A speed
-probe (`speed_probe.py`) runs before each layout's calibration, after it and after its last
-validation; `drift.json` keeps how far the machine's speed spread between them, and a layout
+probe (`speed_probe.py`) runs before each layout's calibration, before each of its validations
+and after the last; `drift.json` keeps how far the machine's speed spread between them, and a layout
 whose probe spread more than 10 % is flagged.
 """
 
@@ -191,7 +191,7 @@ def zsim(*args: str) -> None:
 
 def run(name: str, layout: Layout, reuse: bool, calibrate_only: bool, launches: int) -> None:
     """Calibrate the layout's profile, then validate with it; the speed probe at the start,
-    after the calibration and at the end."""
+    before each validation (the first just after the calibration) and at the end."""
     profile, started = f"calibration/{layout.profile}.json", time.strftime("%Y-%m-%dT%H:%M:%S%z")
     probes = {"start": probe_ranks(layout.ranks)}
     if not reuse:
@@ -199,8 +199,8 @@ def run(name: str, layout: Layout, reuse: bool, calibrate_only: bool, launches: 
              "--force")  # fmt: skip
     if calibrate_only:
         return
-    probes["calibrated"] = probe_ranks(layout.ranks)
     for v in layout.validations:
+        probes[f"before {v.folder}"] = probe_ranks(layout.ranks)
         zsim("validate", "--profile", profile, "--model", v.model, "--launches", str(launches),
              *v.args, "--out", f"benchmarks/validation/{v.folder}")  # fmt: skip
     probes["end"] = probe_ranks(layout.ranks)

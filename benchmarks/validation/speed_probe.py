@@ -4,8 +4,8 @@ A profile predicts a run only if the machine ran as fast during the run as durin
 calibration; on a shared VM it may not (between two runs of one layout three hours apart,
 2026-12-05, its GEMMs moved 9 % and its copies 19 %, its steps 28-43 %). The loop times three
 fixed operations, one process per rank beside each other as the runs use the cores, before
-a layout's calibration, after it and after its last validation, and records how far they
-spread (`drift.json`): a layout whose probe spread more than `DRIFT_LIMIT_PCT` is flagged.
+a layout's calibration, before each of its validations and after the last, and records how
+far they spread (`drift.json`): a layout whose probe spread more than `DRIFT_LIMIT_PCT` is flagged.
 
     python benchmarks/validation/speed_probe.py [--ranks 2]   # prints the seconds as JSON
 
