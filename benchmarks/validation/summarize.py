@@ -181,13 +181,13 @@ def _pooled(groups: list[dict]) -> tuple[float, int]:
 
 
 def drift_table() -> list[str]:
-    """The speed probe's spread over each layout's last run (`speed_probe.py`, drift.json)."""
+    """The speed probe's spread over each layout's last run (`zsim.validate.speed`, drift.json)."""
     path = HERE / "drift.json"
     if not path.exists():
         return []
     lines = [
-        "The machine's speed over each layout's last run (`speed_probe.py`: slowest probe over "
-        "fastest, less one; flagged past 10 %):",
+        "The machine's speed over each layout's last run (`zsim.validate.speed`: slowest "
+        "probe over fastest, less one; flagged past 10 %):",
         "",
         "| layout | run | GEMM | 64 MiB copy | 64 MiB add | flagged |",
         "|---|---|---|---|---|---|",

@@ -26,6 +26,7 @@ from zsim.errors import positive_int, require
 from zsim.testbed import procs, torchrun
 from zsim.testbed.emulate import NODE_DEV, EmulatedCluster, LinkEmulation
 from zsim.testbed.emulation_plan import EmulationPlan, emulated
+from zsim.validate import speed
 from zsim.validate.phase_split import measured_phases, median_over_launches
 from zsim.workload.ds_config import to_training_ds_config
 from zsim.workload.model import ModelKind, ModelSpec
@@ -341,14 +342,18 @@ def _in_rounds(
 ) -> list[Measurement]:
     """Each case's launches, in rounds: launch 0 of every case, then launch 1 of every case,
     and so on, so that a slow spell of a shared host (minutes long here) falls on one launch of
-    several cases rather than on all launches of one. A case that fails is not launched again."""
+    several cases rather than on all launches of one; on CPU ranks the machine's speed is
+    probed before each round (`speed.record_round`). A case that fails is not launched again."""
 
     def tick(name: str) -> None:
         if progress is not None:
             progress(name, None)
 
     runs: list[list[Measurement]] = [[] for _ in cases]
-    for launch in range(max((c.launches for c in cases), default=0)):
+    rounds = max((c.launches for c in cases), default=0)
+    for launch in range(rounds):
+        if rounds > 1 and all(c.device == "cpu" for c in cases):  # the machine's drift
+            speed.record_round(out_dir, launch, max(c.nodes * c.ranks_per_node for c in cases))
         for case, done in zip(cases, runs, strict=True):
             if launch >= case.launches or (done and done[-1].status is not Status.OK):
                 continue

@@ -1,15 +1,15 @@
-"""The machine's speed around a layout's calibration and validation.
+"""The machine's speed, probed around calibration and validation runs (needs torch).
 
 A profile predicts a run only if the machine ran as fast during the run as during the
 calibration; on a shared VM it may not (between two runs of one layout three hours apart,
-2026-12-05, its GEMMs moved 9 % and its copies 19 %, its steps 28-43 %). The loop times three
-fixed operations, one process per rank beside each other as the runs use the cores, before
-a layout's calibration, before each of its validations and after the last, and records how
-far they spread (`drift.json`): a layout whose probe spread more than `DRIFT_LIMIT_PCT` is flagged.
+2026-12-05, its GEMMs moved 9 % and its copies 19 %, its steps 28-43 %). The probe times three
+fixed operations, one process per rank beside each other as the runs use the cores: a
+GPT-sized GEMM, a 64 MiB copy and a 64 MiB add. The validation loop probes before a layout's
+calibration, before each validation and at the end (`drift.json`); `zsim validate` probes
+before each round of launches on CPU ranks (`probes.json` in its folder). Nothing here feeds
+a profile or a prediction.
 
-    python benchmarks/validation/speed_probe.py [--ranks 2]   # prints the seconds as JSON
-
-Nothing here feeds a profile or a prediction.
+    python -m zsim.validate.speed [--ranks 2]   # prints the seconds as JSON
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 DRIFT_LIMIT_PCT = 10.0
 REPEATS = 15
@@ -37,7 +38,7 @@ def _timed(run: Callable[[], object]) -> float:
 
 
 def probe() -> dict[str, float]:
-    """Median seconds of a GPT-sized GEMM, a 64 MiB copy and an AdamW-sized pass, one thread."""
+    """Median seconds of a GPT-sized GEMM, a 64 MiB copy and a 64 MiB add, one thread."""
     import torch
 
     torch.set_num_threads(1)
@@ -53,7 +54,7 @@ def probe() -> dict[str, float]:
 
 def probe_ranks(ranks: int) -> dict[str, float]:
     """Each operation's slowest median over `ranks` processes run beside each other."""
-    command = [sys.executable, __file__, "--one"]
+    command = [sys.executable, "-m", "zsim.validate.speed", "--one"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     procs = [subprocess.Popen(command, stdout=subprocess.PIPE, env=env) for _ in range(ranks)]
     results = [json.loads(p.communicate()[0]) for p in procs]
@@ -64,6 +65,16 @@ def spread_pct(probes: list[dict[str, float]]) -> dict[str, float]:
     """Each operation's slowest probe over its fastest, less one, in percent."""
     return {k: 100.0 * (max(p[k] for p in probes) / min(p[k] for p in probes) - 1.0)
             for k in probes[0]}  # fmt: skip
+
+
+def record_round(out_dir: Path, launch: int, ranks: int) -> None:
+    """Probe before a round of launches and append it to `out_dir/probes.json`."""
+    path = out_dir / "probes.json"
+    rounds = json.loads(path.read_text()) if path.exists() else []
+    at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    rounds.append({"round": launch, "at": at, "probe_s": probe_ranks(ranks)})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rounds, indent=1) + "\n")
 
 
 def main(argv: list[str]) -> int:
