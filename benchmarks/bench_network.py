@@ -21,7 +21,6 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -34,23 +33,14 @@ from zsim.network.collective import Algorithm, CollectiveCall, CollectiveOp, Pla
 from zsim.network.communicator import run_plan, simulate_s
 from zsim.network.flows import FlowNetwork
 from zsim.network.plans import plan
+from zsim.validate.speed import median_s
 
 REPEATS = 5
 
 
-def timed(action: Callable[[], object], repeats: int = REPEATS) -> float:
-    """Median wall-clock seconds of `action`."""
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        action()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def reference_s() -> float:
     values = np.random.default_rng(0).random(2_000_000)
-    return timed(lambda: np.sort(values))
+    return median_s(lambda: np.sort(values), REPEATS)
 
 
 def _simulate_plan(topo: Topology, chosen: Plan) -> float:
@@ -76,8 +66,8 @@ def speed_rows() -> list[str]:
             call = CollectiveCall(CollectiveOp.ALL_REDUCE, size, group, algorithm)
             chosen = plan(topo, call)
             flows = sum(len(p.flows) for p in chosen.phases)
-            plan_s = timed(lambda c=call: plan(topo, c))
-            sim_s = timed(lambda p=chosen: _simulate_plan(topo, p))
+            plan_s = median_s(lambda c=call: plan(topo, c), REPEATS)
+            sim_s = median_s(lambda p=chosen: _simulate_plan(topo, p), REPEATS)
             total = plan_s + sim_s
             rows.append(
                 f"| {size // 2**20} MiB, --algorithm {algorithm} | {chosen.algorithm} | {flows} "

@@ -43,6 +43,7 @@ from zsim.testbed import tp_layers
 from zsim.testbed.procs import CPU_ALLOCATOR_ENV
 from zsim.testbed.torchmodels import flush_subnormals
 from zsim.validate.layouts import Trainer
+from zsim.validate.speed import median_s
 from zsim.validate.train_worker import model_from
 from zsim.workload.model import LayerKind
 
@@ -138,17 +139,9 @@ def _flatten_s(grads: list[torch.Tensor]) -> dict[str, float]:
     flat = [g.reshape(-1) for g in grads]
     kept = torch.empty(sum(g.numel() for g in flat), dtype=flat[0].dtype)
 
-    def median_s(run: Any) -> float:
-        times = []
-        for _ in range(TIMED):
-            start = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - start)
-        return statistics.median(times)
-
     dist.barrier()
-    fresh = median_s(lambda: torch.cat(flat))
-    into = median_s(lambda: torch.cat(flat, out=kept))
+    fresh = median_s(lambda: torch.cat(flat), TIMED)
+    into = median_s(lambda: torch.cat(flat, out=kept), TIMED)
     return {"flatten_fresh_s": fresh, "flatten_into_kept_s": into, "bytes": kept.nbytes}
 
 

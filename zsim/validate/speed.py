@@ -28,9 +28,10 @@ DRIFT_LIMIT_PCT = 10.0
 REPEATS = 15
 
 
-def _timed(run: Callable[[], object]) -> float:
+def median_s(run: Callable[[], object], repeats: int = REPEATS) -> float:
+    """Median wall-clock seconds of `run` over `repeats` calls."""
     samples = []
-    for _ in range(REPEATS):
+    for _ in range(repeats):
         start = time.perf_counter()
         run()
         samples.append(time.perf_counter() - start)
@@ -46,9 +47,9 @@ def probe() -> dict[str, float]:
     src, dst = torch.randn(16 * 2**20), torch.empty(16 * 2**20)
     x, y = torch.randn(16 * 2**20), torch.randn(16 * 2**20)
     return {
-        "gemm_512x3072x768_s": _timed(lambda: torch.mm(a, b)),
-        "copy_64MiB_s": _timed(lambda: dst.copy_(src)),
-        "add_64MiB_s": _timed(lambda: x.add_(y, alpha=0.5)),
+        "gemm_512x3072x768_s": median_s(lambda: torch.mm(a, b)),
+        "copy_64MiB_s": median_s(lambda: dst.copy_(src)),
+        "add_64MiB_s": median_s(lambda: x.add_(y, alpha=0.5)),
     }
 
 
