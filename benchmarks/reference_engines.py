@@ -59,4 +59,7 @@ def engine_fields(
         "tp_comm_overlap": mcore and tp > 1,
         # every source's sharded DP gathers and reduces on one process group (mpu, FSDP's)
         "mpu": True,
+        # Megatron-LM's async input-gradient all-reduce came in 2021-08 (cf7efd4): after the
+        # 2020-21 README runs; BigScience's fork and DeepSpeed's 2020 Megatron never had it
+        "async_tp_allreduce": fw not in ("megatron", "bloom", "deepspeed"),
     }

@@ -98,3 +98,41 @@ def test_vocab_parallel_cross_entropy_all_reduces_three_values_per_token():
     backward = [s.nbytes for s in head if s.name.startswith("B")]
     assert forward == [model.seq_len * 4] * 3
     assert backward == [model.seq_len * model.hidden * 2]
+
+
+def _backward(cfg: ParallelConfig, per_byte: float) -> tuple[float, dict[str, float], float]:
+    job = StageJob.of(MODEL, cfg, A100, 0, False)
+    kernels = LayerKernels(job, lambda comm: comm.nbytes * per_byte)
+    _, end = kernels.pass_template(BLOCK, False)
+    ops = layer_passes(MODEL, cfg, BLOCK).backward
+    return (
+        end,
+        {op.name: A100.op_time_s(op, job.dtype) for op in ops},
+        tp_bytes(MODEL, cfg) * per_byte,
+    )
+
+
+@pytest.mark.parametrize("per_byte", [1e-13, 1e-11])  # all-reduces shorter, then longer
+def test_input_gradient_all_reduce_async_or_after_the_weight_gradient(per_byte):
+    """Megatron-LM since cf7efd4 (2021-08-30, `--async-tensor-model-parallel-allreduce`):
+    the dgrad GEMM, then its all-reduce issued async while the wgrad GEMM runs, waited for
+    before the node returns. Before it, and in BigScience's Megatron-DeepSpeed, the
+    all-reduce is the backward of `copy_to_tensor_model_parallel_region`, a node after the
+    linear's: blocking, after both GEMMs. A block's backward has two (qkv's and fc1's)."""
+    cfg = ParallelConfig(tp=8, micro_batch=4)
+    end, t, c = _backward(cfg, per_byte)
+    hidden = t["qkv_wgrad"] + t["fc1_wgrad"]
+    beside = max(t["qkv_wgrad"], c) + max(t["fc1_wgrad"], c)
+    assert end == pytest.approx(sum(t.values()) - hidden + beside, rel=1e-9)
+    blocking, t, c = _backward(replace(cfg, async_tp_allreduce=False), per_byte)
+    assert blocking == pytest.approx(sum(t.values()) + 2 * c, rel=1e-9)
+
+
+def test_sequence_parallel_reduce_scatters_the_input_gradient_async_either_way():
+    """Megatron sets async_tensor_model_parallel_allreduce False with sequence parallelism
+    (arguments.py since cfd2e21, 2022-04-28), whose own path reduce-scatters the input
+    gradient asynchronously."""
+    cfg = ParallelConfig(tp=8, micro_batch=4, sequence_parallel=True)
+    on, _, _ = _backward(cfg, 1e-11)
+    off, _, _ = _backward(replace(cfg, async_tp_allreduce=False), 1e-11)
+    assert off == on

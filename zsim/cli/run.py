@@ -122,6 +122,14 @@ def _add_megatron_flags(g: Any) -> None:
         "needs --sequence-parallel)",
     )
     g.add_argument(
+        "--no-async-tensor-model-parallel-allreduce",
+        dest="async_tp_allreduce",
+        action="store_false",
+        default=None,
+        help="Megatron before 2021-08 (and BigScience's Megatron-DeepSpeed): the backward's "
+        "TP all-reduce of an input gradient after its weight-gradient GEMM, not beside it",
+    )
+    g.add_argument(
         "--overlap-param-gather",
         action="store_true",
         default=None,
@@ -169,6 +177,7 @@ def _parallel_from(
             "fsdp_shard_size",
             "overlap_param_gather",
             "tp_comm_overlap",
+            "async_tp_allreduce",
             "reduce_bucket_size",
             "allgather_bucket_size",
             "prefetch_bucket_size",

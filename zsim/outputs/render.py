@@ -76,6 +76,8 @@ def _non_default(cfg: ParallelConfig) -> dict[str, Any]:
     flags += [("--tp-comm-overlap", cfg.tp_comm_overlap)]
     if any(on for _, on in flags):
         out["megatron_overlaps"] = [name for name, on in flags if on]
+    if not cfg.async_tp_allreduce and cfg.tp > 1:
+        out["async_tp_allreduce"] = False
     if cfg.without:
         out["without"] = sorted(str(m) for m in cfg.without)
     return out
@@ -273,6 +275,7 @@ def _run_header(r: dict[str, Any]) -> str:
         + (f", ZeRO++ {p['zero_plus_plus']}" if p.get("zero_plus_plus") else "")
         + (f", {p['dp_engine']} DP" if p.get("dp_engine") else "")
         + "".join(f" {flag}" for flag in p.get("megatron_overlaps", []))
+        + (" --no-async-tensor-model-parallel-allreduce" if "async_tp_allreduce" in p else "")
         + (f", without {', '.join(p['without'])}" if p.get("without") else "")
     )
 

@@ -234,11 +234,13 @@ class _TpCollectives(Generic[H]):
         self.regathered = regathered(cfg, forward)
         self.gathered_before = gathered_before(cfg, forward)
         self.overlap = cfg.tp_comm_overlap
+        self.async_dgrad = cfg.async_tp_allreduce or cfg.sequence_parallel
         self.nbytes = tp_bytes(kernels.job.model, cfg)
         self.ce_bytes = cross_entropy_bytes(kernels.job.model, cfg)
         self.segment: list[ComputeOp] = []
         self.last: list[H] = deps
         self.beside: list[H] = []  # collectives beside the next wgrad GEMM (bulk)
+        self.after_wgrad: list[CollectiveOp] = []  # blocking reduces after the next wgrad
         self.needed: list[H] = []  # the re-gathered input the next wgrad GEMM waits for
         self.ring: H | None = None  # a gather the next GEMM is ring-exchanged with
 
@@ -284,6 +286,11 @@ class _TpCollectives(Generic[H]):
         if self.beside and op.name.endswith("_wgrad"):
             self.flush()  # Megatron overlaps the input-gradient reduce with the wgrad GEMM
             self.last, self.beside = [*self.last, *self.beside], []
+        if self.after_wgrad and op.name.endswith("_wgrad"):
+            self.flush()  # without the async all-reduce, autograd's copy node reduces it
+            for kind in self.after_wgrad:  # after the linear's node ran both GEMMs
+                self.last = [self._comm(kind, 1.0, self.last, Stream.COMPUTE)]
+            self.after_wgrad = []
         self._after(op)
 
     def _after(self, op: ComputeOp) -> None:
@@ -299,6 +306,8 @@ class _TpCollectives(Generic[H]):
         self.flush()
         if self.overlap and op.name in RING_EXCHANGED_AFTER:
             self.ring = self._comm(kind, 1.0, self.last, Stream.TP)
+        elif not self.forward and op.name.endswith("_dgrad") and not self.async_dgrad:
+            self.after_wgrad.append(kind)
         elif not self.forward and op.name.endswith("_dgrad"):
             self.beside.append(self._comm(kind, 1.0, self.last, Stream.TP))
         else:

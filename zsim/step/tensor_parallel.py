@@ -4,9 +4,13 @@ Forward: row-parallel outputs (proj, fc2) are all-reduced (reduce-scattered with
 parallelism), the vocab-parallel embedding output too; the vocab-parallel cross-entropy
 all-reduces three fp32 values per token after the logits. Backward: the input gradients of
 column-parallel GEMMs (qkv, fc1, logits) are all-reduced, overlapped with the weight-gradient
-GEMM that follows. With sequence parallelism the inputs of column-parallel GEMMs are
-all-gathered first (Korthikanti et al. 2022, section 4.2.2), and gathered again in the
-backward for the weight gradient, beside the input-gradient GEMM (Megatron-Core
+GEMM that follows (Megatron-LM's `--async-tensor-model-parallel-allreduce`, since cf7efd4,
+2021-08-30). Before it, and in BigScience's Megatron-DeepSpeed (BLOOM), the all-reduce is the
+backward of `copy_to_tensor_model_parallel_region`, an autograd node after the linear's: a
+blocking call after both GEMMs (`async_tp_allreduce` False). With sequence parallelism the
+inputs of column-parallel GEMMs are all-gathered first (Korthikanti et al. 2022, section
+4.2.2), and gathered again in the backward for the weight gradient, beside the input-gradient
+GEMM (Megatron-Core
 `LinearWithGradAccumulationAndAsyncCommunication.backward`: an async all-gather, waited for
 after the dgrad GEMM is issued).
 

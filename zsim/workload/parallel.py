@@ -155,6 +155,9 @@ class ParallelConfig:
     overlap_param_gather: bool = False
     # Megatron-Core's --tp-comm-overlap (TransformerEngine userbuffers; sequence parallel)
     tp_comm_overlap: bool = False
+    # Megatron's --async-tensor-model-parallel-allreduce (since 2021-08; off: the backward's
+    # input-gradient all-reduce after the weight-gradient GEMM, on the compute stream)
+    async_tp_allreduce: bool = True
     # with dp_engine fsdp: how FSDP shards, and the hybrid mesh's shard dimension (0: dp)
     fsdp_sharding: FsdpSharding = FsdpSharding.FULL
     fsdp_shard_size: int = 0
