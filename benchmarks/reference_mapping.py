@@ -226,7 +226,7 @@ def layout(row: dict[str, str], fw: str, assumed: list[str]) -> tuple[int, int, 
     dp = dp or gpus // (tp * pp)
     if tp * pp * dp != gpus:
         raise Skip(f"tp*pp*dp = {tp * pp * dp} != {gpus} GPUs")
-    vpp = integer(row, "vpp") or 1
+    vpp = integer(row, "vpp") or implied_interleaving(row, pp, assumed)
     batch = integer(row, "global_batch_size")
     if batch is None:
         raise Skip("global batch not given")
@@ -243,6 +243,20 @@ def layout(row: dict[str, str], fw: str, assumed: list[str]) -> tuple[int, int, 
     if rest or accum < 1:
         raise Skip(f"global batch {batch} is not a multiple of micro {micro} x dp {dp}")
     return tp, pp, dp, vpp, micro, accum
+
+
+def implied_interleaving(row: dict[str, str], pp: int, assumed: list[str]) -> int:
+    """Megatron-LM's 2024 README overlaps "pipeline-parallel communication (enabled by
+    default)" with computation, which Megatron does only with the interleaved schedule
+    (`arguments.py` turns `overlap_p2p_comm` off otherwise), but gives no v: the smallest
+    one core_r0.8.0 accepts (layers per stage divisible by layers per virtual stage)."""
+    layers = integer(row, "num_layers")
+    if row["source_id"] != "megatron_readme_2024" or pp == 1 or not layers:
+        return 1
+    per_stage = layers // pp
+    v = next(v for v in range(2, per_stage + 1) if per_stage % v == 0)
+    assumed.append(f"interleaved, v {v} (p2p overlapped; the smallest v its layers allow)")
+    return v
 
 
 def measured(row: dict[str, str], model: ModelSpec) -> tuple[float, str]:

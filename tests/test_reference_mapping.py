@@ -42,3 +42,32 @@ def test_a_row_whose_two_figures_agree_is_compared_on_its_step_time():
     case = map_row(row, BLOOM)
     assert case.measured_s == float(row["step_time_s"])
     assert case.measured_from == "step_time_s"
+
+
+def _megatron_row(row_id: str) -> dict[str, str]:
+    with (REFERENCE / FILES["megatron"]).open(newline="", encoding="utf-8") as f:
+        return next(r for r in csv.DictReader(f) if r["row_id"] == row_id)
+
+
+@pytest.mark.parametrize(
+    ("row_id", "v"),
+    [
+        ("training_megatron_3d_parallel-056", 2),  # 84 layers / pp 2 = 42 a stage
+        ("training_megatron_3d_parallel-057", 23),  # 92 / pp 4 = 23: prime, one layer a chunk
+        ("training_megatron_3d_parallel-060", 7),  # 112 / pp 16 = 7
+    ],
+)
+def test_megatron_2024_pipelines_interleave_as_their_overlapped_p2p_implies(row_id, v):
+    """The 2024 README overlaps pipeline communication, which Megatron does only when
+    interleaving; with no v given, the smallest whose chunks divide a stage's layers."""
+    case = map_row(_megatron_row(row_id), FILES["megatron"])
+    assert case.parallel.virtual_stages == v
+    assert str(case.parallel.pp_schedule) == "interleaved"
+
+
+def test_tensor_parallel_all_reduce_is_async_only_from_megatron_2021_08():
+    old = map_row(_megatron_row("training_megatron_3d_parallel-024"), FILES["megatron"])
+    new = map_row(_megatron_row("training_megatron_3d_parallel-055"), FILES["megatron"])
+    bloom = map_row(_row("training_bloom_3d_zero1-041"), BLOOM)
+    assert (old.parallel.async_tp_allreduce, bloom.parallel.async_tp_allreduce) == (False, False)
+    assert new.parallel.async_tp_allreduce

@@ -85,6 +85,30 @@ def test_interleaving_shrinks_bubble_by_v(p, m, v):
     assert (step - best) / best == pytest.approx((p - 1) / (v * m), rel=1e-3)
 
 
+def slow_switch(gpus: int, gbytes_per_s: float) -> Topology:
+    """The ideal switch with a finite NVSwitch rate: a send of n bytes takes n / rate."""
+    data = load_mapping(IDEAL_FILE, "topology")
+    data.pop("nodes")
+    data["gpus_per_node"] = gpus
+    data["nvswitch"]["bandwidth_GBps"] = gbytes_per_s
+    return build_topology("slow", fabric_from_mapping(data, "slow", gpu_names()), 1, gpus)
+
+
+@pytest.mark.parametrize("blocking", [True, False])
+def test_megatron_1f1b_sends_block_the_schedule(blocking):
+    """Megatron's `_communicate` waits on its batched isend/irecv and calls
+    torch.cuda.synchronize() (non-interleaved schedules). pp 2, 2 micro-batches, forward f,
+    backward 2f, a send S < f, worked by hand: stage 0 runs F0, sends, F1, sends, then B0 at
+    grad0's arrival and B1 at grad1's; stage 1 runs F0 at act0's arrival, B0, and, blocking,
+    sends grad0 before F1, then B1 and sends grad1: 9f + 3S. Sends beside compute: 9f + 2S."""
+    cfg = ParallelConfig(pp=2, grad_accum=2, micro_batch=2, pipeline_engine=PipelineEngine.MEGATRON)
+    cfg = cfg if blocking else dataclasses.replace(cfg, without=frozenset({"blocking-p2p"}))
+    f = forward_flops(MLP, cfg.micro_batch) / cfg.pp / 1e12
+    send = cfg.micro_batch * MLP.hidden * 2 / 0.25e9  # one fp16 activation at 0.25 GB/s
+    step = simulate(MLP, cfg, slow_switch(2, 0.25), flat_device()).step_time_s
+    assert step == pytest.approx(9 * f + (3 if blocking else 2) * send, rel=1e-6)
+
+
 def traffic_in_params(stage, knobs=None, dp=8):
     # the seeds count data bytes: NCCL forced to Simple (NCCL_PROTO=Simple), whose wire bytes
     # are its data (LL, picked for small calls, sends a 4-byte flag with every 4 data bytes)

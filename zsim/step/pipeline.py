@@ -1,7 +1,7 @@
 """Pipelines: the order of a rank's forwards and backwards, and the sends and receives between
-stages, as Megatron's schedules (GPipe, 1F1B, interleaved 1F1B; asynchronous p2p) and DeepSpeed's
-PipelineEngine (its TrainSchedule; blocking p2p) run them. Without pipelining, the order is
-plain gradient accumulation.
+stages, as Megatron's schedules (GPipe, 1F1B: blocking p2p; interleaved 1F1B: p2p beside compute)
+and DeepSpeed's PipelineEngine (its TrainSchedule; blocking p2p) run them. Without pipelining,
+the order is plain gradient accumulation.
 
 A schedule calls `run_pass(work, deps, tag)` for each forward or backward and returns the task
 of each pass by tag (`F3c0`: forward of micro-batch 3 on chunk 0).
@@ -117,15 +117,28 @@ def _tag(work: Work) -> str:
     return f"{'F' if work.forward else 'B'}{work.micro_batch}c{work.chunk}"
 
 
+def megatron_blocks(cfg: ParallelConfig) -> bool:
+    """Whether Megatron's p2p blocks its schedule. Without interleaving it always does:
+    `p2p_communication._communicate` batches the isend/irecv, waits on them and calls
+    `torch.cuda.synchronize()` (batch_p2p_sync; Megatron-LM since 2021-01, e3e5ea8, and
+    Megatron-Core, core_r0.8.0 to today), as `arguments.py` turns `overlap_p2p_comm` off
+    there. Interleaved schedules overlap their p2p with compute (`--overlap-p2p-communication`,
+    Megatron-LM's default: waited for only before the pass that needs it)."""
+    return cfg.virtual_stages == 1 and cfg.models(Mechanism.BLOCKING_P2P)
+
+
 def megatron_schedule(job: StageJob, writer: ProgramWriter, run_pass: RunPass) -> dict[str, Task]:
-    """Megatron's pipeline steps in `pipeline_order`: receive, compute, then send
-    asynchronously (its batched isend/irecv run beside compute)."""
+    """Megatron's pipeline steps in `pipeline_order`: receive, compute, then send; the send
+    on the compute stream where Megatron's p2p blocks (`megatron_blocks`), else beside it.
+    Not modelled: a send waiting for its receiver to post the matching receive."""
     p, v, act = job.cfg.pp, job.cfg.virtual_stages, job.activation_bytes()
+    stream = Stream.COMPUTE if megatron_blocks(job.cfg) else Stream.P2P
     ready: dict[str, Task] = {}
+    sent: list[Task] = []  # a blocking send the next pass waits for
     for work in pipeline_order(job.cfg, job.stage):
         virtual = work.chunk * p + job.stage
         tag = _tag(work)
-        deps: list[Task] = []
+        deps, sent = sent, []
         first, last = virtual == 0, virtual == p * v - 1
         if work.forward and not first:
             deps.append(writer.recv(f"act{work.micro_batch}v{virtual}", act, -1))
@@ -136,9 +149,10 @@ def megatron_schedule(job: StageJob, writer: ProgramWriter, run_pass: RunPass) -
         done = run_pass(work, deps, tag)
         ready[tag] = done
         if work.forward and not last:
-            writer.send(f"act{work.micro_batch}v{virtual + 1}", act, +1, [done], Stream.P2P)
+            sent = [writer.send(f"act{work.micro_batch}v{virtual + 1}", act, +1, [done], stream)]
         if not work.forward and not first:
-            writer.send(f"grad{work.micro_batch}v{virtual - 1}", act, -1, [done], Stream.P2P)
+            sent = [writer.send(f"grad{work.micro_batch}v{virtual - 1}", act, -1, [done], stream)]
+        sent = sent if stream is Stream.COMPUTE else []
     return ready
 
 

@@ -32,8 +32,8 @@ MECHANISMS: dict[Mechanism, str] = {
     "DeepSpeed has an mpu (off: two communicators)",
     Mechanism.EPILOGUE_WAIT: "DeepSpeed's backward epilogue waits for its reductions with "
     "overlap_comm (off: the next micro-step runs on)",
-    Mechanism.BLOCKING_P2P: "DeepSpeed PipelineEngine's sends block its training loop (off: "
-    "they run beside compute, as Megatron's)",
+    Mechanism.BLOCKING_P2P: "pipeline sends block the training loop: DeepSpeed's "
+    "PipelineEngine, Megatron's non-interleaved schedules (off: they run beside compute)",
     Mechanism.FP32_GRAD_ACCUMULATE: "BF16_Optimizer's per-micro-batch fp32 gradient "
     "accumulation pass with DeepSpeed's pipeline (off: none)",
     Mechanism.GRAD_ACCUMULATE: "autograd's in-place add of later micro-batches' gradients "
