@@ -67,6 +67,23 @@ def test_deepspeeds_pipeline_sends_block_its_loop():
     assert no_accumulate < blocking
 
 
+def test_deepspeeds_pipeline_partitions_its_messages_over_tp():
+    """PipelineEngine with model parallelism (`is_pipe_partitioned`, `is_grad_partitioned`,
+    unconditional in deepspeed 0.6, config defaults True in 0.19): each TP rank sends 1/tp of
+    an activation or gradient (`PartitionedTensor`); a middle stage's forward gathers its
+    input (`part_input.full()`), its backward its own output again and the received gradient:
+    three all-gathers of the whole b s h message over TP per micro-batch."""
+    cfg = ParallelConfig(tp=2, pp=4, micro_batch=2, grad_accum=4, precision="bf16")
+    model = preset("gpt-1.3b")
+    report = simulate(model, cfg, presets.topology("1x8-dgx-a100"), presets.gpu("a100-80gb"))
+    whole = cfg.micro_batch * model.seq_len * model.hidden * 2
+    middle = [s for s in report.engine.all_spans() if s.rank == 2]  # tp rank 0 of stage 1
+    sends = [s.nbytes for s in middle if s.name.startswith("send.")]
+    gathers = [s.nbytes for s in middle if s.name.endswith(".full")]
+    assert sends == [whole / 2] * (2 * cfg.grad_accum)  # an activation and a gradient each
+    assert gathers == [whole] * (3 * cfg.grad_accum)
+
+
 def test_nccl_mechanisms_act_on_the_cluster():
     device = presets.gpu("a100-80gb")
     cfg = ParallelConfig(tp=8, micro_batch=4)

@@ -156,10 +156,44 @@ def megatron_schedule(job: StageJob, writer: ProgramWriter, run_pass: RunPass) -
     return ready
 
 
+def pipe_partitions(cfg: ParallelConfig) -> int:
+    """The parts DeepSpeed's PipelineEngine splits a message into: with model parallelism
+    (`is_pipe_partitioned`, `is_grad_partitioned`: the config's `pipe_partitioned` and
+    `grad_partitioned`, True by default) each TP rank sends its 1/tp (`PartitionedTensor`)."""
+    return cfg.tp if cfg.models(Mechanism.PIPE_PARTITIONED) else 1
+
+
+class _Partitioned:
+    """DeepSpeed's `PartitionedTensor` on the compute stream (deepspeed/runtime/utils.py):
+    `full()` zero-fills the whole tensor, all-gathers it over the TP group and clones it (1.5
+    copies' worth of memory traffic); the sender's `_partition_tensor` clones its 1/tp."""
+
+    def __init__(self, job: StageJob, writer: ProgramWriter, parts: int) -> None:
+        self.writer, self.parts, self.act = writer, parts, job.activation_bytes()
+        self.full_s = 1.5 * job.device.copy_time_s(self.act, job.dtype)
+        self.part_s = job.device.copy_time_s(self.act / parts, job.dtype)
+
+    def full(self, tag: str, deps: list[Task]) -> list[Task]:
+        if self.parts == 1:
+            return deps
+        gather = Comm(CollectiveOp.ALL_GATHER, self.act, Group.TP)
+        task = self.writer.comm(f"{tag}.full", gather, Category.PP_COMM, deps)
+        return [self.writer.compute(f"{tag}.full_copy", self.full_s, Category.PP_COMM, [task])]
+
+    def split(self, tag: str, deps: list[Task]) -> list[Task]:
+        if self.parts == 1:
+            return deps
+        return [self.writer.compute(f"{tag}.partition", self.part_s, Category.PP_COMM, deps)]
+
+
 def deepspeed_schedule(job: StageJob, writer: ProgramWriter, run_pass: RunPass) -> dict[str, Task]:
     """DeepSpeed's PipelineEngine: the instructions of its TrainSchedule, run one after
-    the other; its p2p sends block (`p2p.send`: dist.send / broadcast, async_op=False)."""
-    act, s = job.activation_bytes(), job.stage
+    the other; its p2p sends block (`p2p.send`: dist.send / broadcast, async_op=False).
+    With TP a message is partitioned (`pipe_partitions`): a middle stage gathers its input
+    before the forward, its output again and the received gradient before the backward."""
+    s, last = job.stage, job.stage == job.cfg.pp - 1
+    part = _Partitioned(job, writer, pipe_partitions(job.cfg))
+    message = part.act / part.parts
     ready: dict[str, Task] = {}
     cursor: list[Task] = []
     blocking = job.cfg.models(Mechanism.BLOCKING_P2P)  # off: sends run beside compute
@@ -172,14 +206,14 @@ def deepspeed_schedule(job: StageJob, writer: ProgramWriter, run_pass: RunPass) 
             if host
             else cursor
         )
-        task = writer.send(tag, act, peer, deps, Stream.COMPUTE if blocking else Stream.P2P)
+        task = writer.send(tag, message, peer, deps, Stream.COMPUTE if blocking else Stream.P2P)
         return [task] if blocking else deps
 
     for command, mb in deepspeed_train_commands(job.cfg.pp, job.cfg.grad_accum, s):
         if command is PipeCommand.RECV_ACTIVATION:
-            cursor = [*cursor, writer.recv(f"act{mb}v{s}", act, -1)]
+            cursor = [*cursor, writer.recv(f"act{mb}v{s}", message, -1)]
         elif command is PipeCommand.RECV_GRAD:
-            cursor = [*cursor, writer.recv(f"grad{mb}v{s}", act, +1)]
+            cursor = [*cursor, writer.recv(f"grad{mb}v{s}", message, +1)]
         elif command is PipeCommand.SEND_ACTIVATION:
             cursor = send(f"act{mb}v{s + 1}", +1)
         elif command is PipeCommand.SEND_GRAD:
@@ -188,8 +222,13 @@ def deepspeed_schedule(job: StageJob, writer: ProgramWriter, run_pass: RunPass) 
             work = Work(command is PipeCommand.FORWARD, mb, 0)
             tag = _tag(work)
             deps = cursor if work.forward else [*cursor, ready[f"F{mb}c0"]]
-            cursor = [run_pass(work, deps, tag)]
-            ready[tag] = cursor[0]
+            if work.forward and s > 0:  # the received input
+                deps = part.full(f"{tag}.input", deps)
+            if not work.forward and not last:  # its output, then the received gradient
+                deps = part.full(f"{tag}.grad", part.full(f"{tag}.output", deps))
+            ready[tag] = run_pass(work, deps, tag)
+            keeps = (work.forward and not last) or (not work.forward and s > 0)
+            cursor = part.split(tag, [ready[tag]]) if keeps else [ready[tag]]
     return ready
 
 

@@ -17,6 +17,7 @@ class Mechanism(StrEnum):
     ONE_PROCESS_GROUP = "one-process-group"
     EPILOGUE_WAIT = "epilogue-wait"
     BLOCKING_P2P = "blocking-p2p"
+    PIPE_PARTITIONED = "pipe-partitioned"
     FP32_GRAD_ACCUMULATE = "fp32-grad-accumulate"
     GRAD_ACCUMULATE = "grad-accumulate"
     GATHER_COPY_OUT = "gather-copy-out"
@@ -34,6 +35,9 @@ MECHANISMS: dict[Mechanism, str] = {
     "overlap_comm (off: the next micro-step runs on)",
     Mechanism.BLOCKING_P2P: "pipeline sends block the training loop: DeepSpeed's "
     "PipelineEngine, Megatron's non-interleaved schedules (off: they run beside compute)",
+    Mechanism.PIPE_PARTITIONED: "DeepSpeed PipelineEngine's messages with TP: 1/tp of an "
+    "activation or gradient sent, all-gathered over TP and copied on receipt "
+    "(PartitionedTensor; off: whole tensors sent by every TP rank)",
     Mechanism.FP32_GRAD_ACCUMULATE: "BF16_Optimizer's per-micro-batch fp32 gradient "
     "accumulation pass with DeepSpeed's pipeline (off: none)",
     Mechanism.GRAD_ACCUMULATE: "autograd's in-place add of later micro-batches' gradients "
