@@ -32,12 +32,14 @@ from zsim.memory import stage_params
 from zsim.network.collective import CollectiveCall, CollectiveOp
 from zsim.network.communicator import Communicator, simulate_s
 from zsim.plan.fsdp_terms import FsdpGroups, fsdp_groups, fsdp_terms
+from zsim.plan.pipeline_terms import bubble_s, partitioned_s
 from zsim.plan.qgz_terms import Averaged, qgz_terms
 from zsim.plan.zero3_terms import GatherSums, zero3_terms
 from zsim.step import fsdp
 from zsim.step.job import StageJob
 from zsim.step.kernels import LayerKernels
 from zsim.step.optimizer import step_passes
+from zsim.step.pipeline import pipe_partitions
 from zsim.step.program import Comm
 from zsim.step.zero_reduce import one_rank_copies_s, reduction_copy_bytes
 from zsim.workload.layout import rank_chunks
@@ -48,7 +50,6 @@ from zsim.workload.parallel import (
     Offload,
     ParallelConfig,
     PipelineEngine,
-    PipelineSchedule,
     ZeroStage,
 )
 from zsim.workload.shapes import forward_flops
@@ -223,36 +224,25 @@ class Estimator:
         return self._flops[micro_batch]
 
     def _bubble(self, cfg: ParallelConfig, grid: RankGrid, pipeline: _Pipeline) -> float:
-        """Pipeline fill and drain, and the sends: on the critical path in the fill and drain;
-        in the steady state DeepSpeed's blocking sends add to every micro-batch; Megatron's
-        asynchronous ones in 1F1B only where a stage's 2 sends per micro-batch take its link
-        longer than its compute, but with interleaving every step's input is the output of
-        the neighbour's step just before it (`pipeline_order`: consecutive stages run a
-        micro-batch's chunk one step apart), so each of its 2 v sends per micro-batch is
-        waited for."""
+        """Pipeline fill and drain, and the sends (`pipeline_terms.bubble_s`)."""
         if cfg.pp == 1:
             return 0.0
+        partitioned = 0.0
+        if cfg.pipeline_engine is PipelineEngine.DEEPSPEED and pipe_partitions(cfg) > 1:
+            job = self.job(cfg, 0)
+            tp_group = self._kept(("tp", cfg.tp), tuple(range(cfg.tp)))
+            gather = self.collective_s(CollectiveOp.ALL_GATHER, job.activation_bytes(), tp_group)
+            partitioned = partitioned_s(job, gather)
         send = self._send_s(cfg, grid)
-        slowest = pipeline.slowest
-        if cfg.pp_schedule is PipelineSchedule.INTERLEAVED:
-            fill = (cfg.pp - 1) * slowest / cfg.virtual_stages
-        else:
-            fill = pipeline.total - slowest
-        sends = 2 * (cfg.pp - 1) * send
-        if cfg.pipeline_engine is PipelineEngine.DEEPSPEED:
-            sends += 2 * (cfg.grad_accum - 1) * send  # blocking p2p on the compute stream
-        elif cfg.pp_schedule is PipelineSchedule.INTERLEAVED:
-            sends += cfg.grad_accum * 2 * cfg.virtual_stages * send
-        else:
-            sends += cfg.grad_accum * max(0.0, 2 * send - slowest)
-        return fill + sends
+        return bubble_s(cfg, pipeline.slowest, pipeline.total, send, partitioned)
 
     def _send_s(self, cfg: ParallelConfig, grid: RankGrid) -> float:
         """One activation from stage 0 to 1, beside the same send of every other (dp, tp)
         replica where they share its links (they all send at once)."""
-        key = ("send", cfg.tp, cfg.micro_batch, cfg.sequence_parallel, cfg.precision)
+        parts = pipe_partitions(cfg) if cfg.pipeline_engine is PipelineEngine.DEEPSPEED else 1
+        key = ("send", cfg.tp, cfg.micro_batch, cfg.sequence_parallel, cfg.precision, parts)
         if key not in self._flops:
-            self._flops[key] = self.job(cfg, 0).activation_bytes()
+            self._flops[key] = self.job(cfg, 0).activation_bytes() / parts
         where = ("pair", grid.dp, grid.pp, grid.tp)
         if where not in self._groups:
             pairs = [
@@ -397,4 +387,13 @@ class Estimator:
 
 def _kernel_key(c: ParallelConfig) -> tuple[object, ...]:
     """What a layer's pass time depends on."""
-    return (c.tp, c.micro_batch, c.recompute, c.sequence_parallel, c.flash_attention, c.precision)
+    return (
+        c.tp,
+        c.micro_batch,
+        c.recompute,
+        c.sequence_parallel,
+        c.flash_attention,
+        c.precision,
+        c.tp_comm_overlap,
+        c.async_tp_allreduce,
+    )

@@ -163,15 +163,21 @@ def pipe_partitions(cfg: ParallelConfig) -> int:
     return cfg.tp if cfg.models(Mechanism.PIPE_PARTITIONED) else 1
 
 
+def partition_copies_s(job: StageJob) -> tuple[float, float]:
+    """DeepSpeed's `PartitionedTensor` (deepspeed/runtime/utils.py) beside its all-gather:
+    `full()` zero-fills the whole message and clones it (1.5 copies' worth of memory
+    traffic); the sender's `_partition_tensor` clones its 1/tp."""
+    act, copy = job.activation_bytes(), job.device.copy_time_s
+    return 1.5 * copy(act, job.dtype), copy(act / pipe_partitions(job.cfg), job.dtype)
+
+
 class _Partitioned:
-    """DeepSpeed's `PartitionedTensor` on the compute stream (deepspeed/runtime/utils.py):
-    `full()` zero-fills the whole tensor, all-gathers it over the TP group and clones it (1.5
-    copies' worth of memory traffic); the sender's `_partition_tensor` clones its 1/tp."""
+    """DeepSpeed's partitioned messages on the compute stream: `full()` all-gathers the
+    message over the TP group, then its copies (`partition_copies_s`)."""
 
     def __init__(self, job: StageJob, writer: ProgramWriter, parts: int) -> None:
         self.writer, self.parts, self.act = writer, parts, job.activation_bytes()
-        self.full_s = 1.5 * job.device.copy_time_s(self.act, job.dtype)
-        self.part_s = job.device.copy_time_s(self.act / parts, job.dtype)
+        self.full_s, self.part_s = partition_copies_s(job)
 
     def full(self, tag: str, deps: list[Task]) -> list[Task]:
         if self.parts == 1:
