@@ -229,10 +229,14 @@ class Estimator:
             return 0.0
         partitioned = 0.0
         if cfg.pipeline_engine is PipelineEngine.DEEPSPEED and pipe_partitions(cfg) > 1:
-            job = self.job(cfg, 0)
-            tp_group = self._kept(("tp", cfg.tp), tuple(range(cfg.tp)))
-            gather = self.collective_s(CollectiveOp.ALL_GATHER, job.activation_bytes(), tp_group)
-            partitioned = partitioned_s(job, gather)
+            key = ("partitioned", cfg.pp > 2, *_kernel_key(cfg))
+            if key not in self._flops:
+                job = self.job(cfg, 0)
+                tp_group = self._kept(("tp", cfg.tp), tuple(range(cfg.tp)))
+                act = job.activation_bytes()
+                gather = self.collective_s(CollectiveOp.ALL_GATHER, act, tp_group)
+                self._flops[key] = partitioned_s(job, gather)
+            partitioned = self._flops[key]
         send = self._send_s(cfg, grid)
         return bubble_s(cfg, pipeline.slowest, pipeline.total, send, partitioned)
 
