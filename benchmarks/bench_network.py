@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import simpy
 
+from zsim.calibrate.speed import median_s
 from zsim.cluster.topology import Topology
 from zsim.inputs import presets
 from zsim.inputs.files import data_dir, load_csv
@@ -33,7 +34,6 @@ from zsim.network.collective import Algorithm, CollectiveCall, CollectiveOp, Pla
 from zsim.network.communicator import run_plan, simulate_s
 from zsim.network.flows import FlowNetwork
 from zsim.network.plans import plan
-from zsim.validate.speed import median_s
 
 REPEATS = 5
 

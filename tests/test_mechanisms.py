@@ -75,13 +75,31 @@ def test_deepspeeds_pipeline_partitions_its_messages_over_tp():
     three all-gathers of the whole b s h message over TP per micro-batch."""
     cfg = ParallelConfig(tp=2, pp=4, micro_batch=2, grad_accum=4, precision="bf16")
     model = preset("gpt-1.3b")
-    report = simulate(model, cfg, presets.topology("1x8-dgx-a100"), presets.gpu("a100-80gb"))
+    a100 = presets.gpu("a100-80gb")
     whole = cfg.micro_batch * model.seq_len * model.hidden * 2
-    middle = [s for s in report.engine.all_spans() if s.rank == 2]  # tp rank 0 of stage 1
-    sends = [s.nbytes for s in middle if s.name.startswith("send.")]
-    gathers = [s.nbytes for s in middle if s.name.endswith(".full")]
+
+    def middle(topology: str, **how) -> list:  # tp rank 0 of stage 1
+        spans = simulate(model, cfg, presets.topology(topology), a100, **how).engine.all_spans()
+        return [s for s in spans if s.rank == 2]
+
+    # one node: the sends share NVLink with the TP collectives, which go through the network
+    one = middle("1x8-dgx-a100")
+    sends = [s.nbytes for s in one if s.name.startswith("send.")]
+    gathers = [s.nbytes for s in one if ".full" in s.name and not s.name.endswith("_copy")]
     assert sends == [whole / 2] * (2 * cfg.grad_accum)  # an activation and a gradient each
     assert gathers == [whole] * (3 * cfg.grad_accum)
+    # a stage per node: TP collectives take a fixed time, and a middle stage's full()s are two
+    # tasks per micro-batch (the input's; the output's and the gradient's, twice as long) of
+    # the gather's time alone on NVLink (a straggler of 1x runs it through the network) plus
+    # the zero-fill and the clone
+    fixed = middle("4x2-nvlink")
+    inputs = [s.end_s - s.start_s for s in fixed if s.name.endswith(".input.full")]
+    both = [s.end_s - s.start_s for s in fixed if s.name.endswith(".output_and_grad.full")]
+    alone = middle("4x2-nvlink", full=True, stragglers={0: 1.0})
+    gather = next(s for s in alone if s.name.endswith(".full0"))
+    one = gather.end_s - gather.start_s + 1.5 * a100.copy_time_s(whole, "bf16")  # + fill, clone
+    assert inputs == pytest.approx([one] * cfg.grad_accum, rel=1e-9)
+    assert both == pytest.approx([2 * one] * cfg.grad_accum, rel=1e-9)
 
 
 def test_nccl_mechanisms_act_on_the_cluster():

@@ -21,7 +21,7 @@ import pytest
 
 from zsim.cli import main
 from zsim.validate import runner
-from zsim.validate.runner import Case, Status
+from zsim.validate.runner import Case, Measurement, Status
 from zsim.workload.model_presets import preset, with_overrides
 from zsim.workload.parallel import ParallelConfig, Precision, ZeroStage
 
@@ -173,3 +173,22 @@ def test_validate_emulated_2x2_all_stages(tmp_path: Path) -> None:
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_launches_off_the_calibrations_speed_are_left_out_of_the_median():
+    """`speed`'s rule: a case's step is the median of its launches that started on the
+    calibration's machine; of all of them, said so, where none did."""
+    case = _case("c")
+
+    def launched(step_s: float, drifted: bool) -> Measurement:
+        return Measurement(
+            case, Status.OK, step_time_s=step_s, step_times_s=(step_s,), drifted=drifted
+        )
+
+    mixed = [launched(1.0, False), launched(1.5, True), launched(1.2, False), launched(1.4, True)]
+    combined = runner.combine_launches(mixed)
+    assert combined.step_time_s == pytest.approx(1.1)  # the median of 1.0 and 1.2
+    assert "2 launched off the calibration's speed left out" in combined.detail
+    every = runner.combine_launches([launched(1.0, True), launched(2.0, True), launched(4.0, True)])
+    assert every.step_time_s == 2.0
+    assert "all launched off the calibration's speed" in every.detail

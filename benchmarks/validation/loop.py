@@ -11,7 +11,7 @@ non-zero when the MAPE over every case exceeds 10 %.
 The emulated layouts (2x2, 2x4: network namespaces joined by tc-shaped veth links) need root.
 Each profile is calibrated just before its validation, one run at a time: the machine should
 be otherwise idle. --reuse-profiles validates with the committed profiles instead. A speed
-probe (`zsim.validate.speed`) runs before each layout's calibration, before each of its validations
+probe (`zsim.calibrate.speed`) runs before each layout's calibration, before each of its validations
 and after the last; `drift.json` keeps how far the machine's speed spread between them, and a layout
 whose probe spread more than 10 % is flagged.
 """
@@ -31,7 +31,7 @@ from summarize import (  # this folder's script: run as a script, it is on the p
     mape_pct,
 )
 
-from zsim.validate.speed import DRIFT_LIMIT_PCT, probe_ranks, spread_pct
+from zsim.calibrate.speed import DRIFT_LIMIT_PCT, probe_ranks, spread_pct
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -209,7 +209,7 @@ def run(name: str, layout: Layout, reuse: bool, calibrate_only: bool, launches: 
 
 
 def _record_drift(name: str, probes: dict[str, dict[str, float]], started: str) -> None:
-    """The speed probes of a layout (`zsim.validate.speed`) and their spread, kept in drift.json."""
+    """A layout's speed probes (`zsim.calibrate.speed`) and their spread, kept in drift.json."""
     spread = spread_pct(list(probes.values()))
     flagged = any(x > DRIFT_LIMIT_PCT for x in spread.values())
     path = HERE / "drift.json"

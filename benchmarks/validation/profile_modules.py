@@ -39,11 +39,11 @@ from torch import nn
 from zsim.calibrate import micro
 from zsim.calibrate.bench import Bench
 from zsim.calibrate.plan import Plan
+from zsim.calibrate.speed import median_s
 from zsim.testbed import tp_layers
 from zsim.testbed.procs import CPU_ALLOCATOR_ENV
 from zsim.testbed.torchmodels import flush_subnormals
 from zsim.validate.layouts import Trainer
-from zsim.validate.speed import median_s
 from zsim.validate.train_worker import model_from
 from zsim.workload.model import LayerKind
 

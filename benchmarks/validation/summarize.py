@@ -181,12 +181,12 @@ def _pooled(groups: list[dict]) -> tuple[float, int]:
 
 
 def drift_table() -> list[str]:
-    """The speed probe's spread over each layout's last run (`zsim.validate.speed`, drift.json)."""
+    """The speed probe's spread over each layout's last run (`zsim.calibrate.speed`, drift.json)."""
     path = HERE / "drift.json"
     if not path.exists():
         return []
     lines = [
-        "The machine's speed over each layout's last run (`zsim.validate.speed`: slowest "
+        "The machine's speed over each layout's last run (`zsim.calibrate.speed`: slowest "
         "probe over fastest, less one; flagged past 10 %):",
         "",
         "| layout | run | GEMM | 64 MiB copy | 64 MiB add | flagged |",

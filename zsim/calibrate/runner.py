@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
+from zsim.calibrate import speed
 from zsim.calibrate.fit import Fit, fit_profile
 from zsim.calibrate.holdout import held_out_residuals
 from zsim.calibrate.host import (
@@ -243,6 +244,9 @@ def calibrate(
     if launch.node_rank != 0:
         return None
     info["load_after"] = load_average()
+    if plan.device == "cpu":  # the machine's speed the rows were measured at (`speed`)
+        ranks = launch.nproc * (launch.nnodes if emulation is not None else 1)  # on this host
+        info["speed_probe_s"] = speed.probe_ranks(ranks)
     info |= launches_provenance([raw["provenance"] for raw in raws])
     info |= memory_of(info)
     rows = merge_launches([[Measurement.from_dict(r) for r in raw["measurements"]] for raw in raws])

@@ -206,8 +206,13 @@ def _run(
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     band = whole("band_samples", args.band_samples, zero=True)
+    reference = None
+    if args.profile is not None:  # the machine's speed when the profile was measured
+        from zsim.calibrate.profile import load_calibration
+
+        reference = load_calibration(args.profile).provenance.get("speed_probe_s")
     with _status(not args.no_progress) as show:
-        measured, link = runner.run_all(cases, out, emulation, progress=show)
+        measured, link = runner.run_all(cases, out, emulation, progress=show, reference=reference)
         show("simulating", None)
         burst = None if link is None else link.burst_bytes
         rows = [compare.compare(m, args.profile, band, burst) for m in measured]

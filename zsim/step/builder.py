@@ -164,7 +164,7 @@ def build_program(
     writer = ProgramWriter(stage, device, job.dtype, gloo)
     passes = _Passes(job, writer, tp_time)
     if cfg.pp > 1 and cfg.pipeline_engine is PipelineEngine.DEEPSPEED:
-        ready = deepspeed_schedule(job, writer, passes.run)
+        ready = deepspeed_schedule(job, writer, passes.run, tp_time)
     else:
         ready = megatron_schedule(job, writer, passes.run)
     deps = [t for k, t in ready.items() if k.startswith("B")]

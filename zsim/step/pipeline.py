@@ -173,18 +173,31 @@ def partition_copies_s(job: StageJob) -> tuple[float, float]:
 
 class _Partitioned:
     """DeepSpeed's partitioned messages on the compute stream: `full()` all-gathers the
-    message over the TP group, then its copies (`partition_copies_s`)."""
+    message over the TP group, then its copies (`partition_copies_s`). Where TP collectives
+    take a fixed time (`tp_time`, as in fused passes), the `count` full()s in a row are one
+    task of that time."""
 
-    def __init__(self, job: StageJob, writer: ProgramWriter, parts: int) -> None:
-        self.writer, self.parts, self.act = writer, parts, job.activation_bytes()
+    def __init__(
+        self, job: StageJob, writer: ProgramWriter, tp_time: Callable[[Comm], float] | None
+    ) -> None:
+        self.writer, self.parts, self.act = writer, pipe_partitions(job.cfg), job.activation_bytes()
         self.full_s, self.part_s = partition_copies_s(job)
+        self.gather = Comm(CollectiveOp.ALL_GATHER, self.act, Group.TP)
+        self.fixed_s = None if tp_time is None else tp_time(self.gather) + self.full_s
 
-    def full(self, tag: str, deps: list[Task]) -> list[Task]:
+    def full(self, tag: str, deps: list[Task], count: int = 1) -> list[Task]:
         if self.parts == 1:
             return deps
-        gather = Comm(CollectiveOp.ALL_GATHER, self.act, Group.TP)
-        task = self.writer.comm(f"{tag}.full", gather, Category.PP_COMM, deps)
-        return [self.writer.compute(f"{tag}.full_copy", self.full_s, Category.PP_COMM, [task])]
+        if self.fixed_s is not None:
+            return [
+                self.writer.compute(f"{tag}.full", count * self.fixed_s, Category.PP_COMM, deps)
+            ]
+        for k in range(count):
+            task = self.writer.comm(f"{tag}.full{k}", self.gather, Category.PP_COMM, deps)
+            deps = [
+                self.writer.compute(f"{tag}.full{k}_copy", self.full_s, Category.PP_COMM, [task])
+            ]
+        return deps
 
     def split(self, tag: str, deps: list[Task]) -> list[Task]:
         if self.parts == 1:
@@ -192,13 +205,18 @@ class _Partitioned:
         return [self.writer.compute(f"{tag}.partition", self.part_s, Category.PP_COMM, deps)]
 
 
-def deepspeed_schedule(job: StageJob, writer: ProgramWriter, run_pass: RunPass) -> dict[str, Task]:
+def deepspeed_schedule(
+    job: StageJob,
+    writer: ProgramWriter,
+    run_pass: RunPass,
+    tp_time: Callable[[Comm], float] | None = None,
+) -> dict[str, Task]:
     """DeepSpeed's PipelineEngine: the instructions of its TrainSchedule, run one after
     the other; its p2p sends block (`p2p.send`: dist.send / broadcast, async_op=False).
     With TP a message is partitioned (`pipe_partitions`): a middle stage gathers its input
     before the forward, its output again and the received gradient before the backward."""
     s, last = job.stage, job.stage == job.cfg.pp - 1
-    part = _Partitioned(job, writer, pipe_partitions(job.cfg))
+    part = _Partitioned(job, writer, tp_time)
     message = part.act / part.parts
     ready: dict[str, Task] = {}
     cursor: list[Task] = []
@@ -231,7 +249,7 @@ def deepspeed_schedule(job: StageJob, writer: ProgramWriter, run_pass: RunPass) 
             if work.forward and s > 0:  # the received input
                 deps = part.full(f"{tag}.input", deps)
             if not work.forward and not last:  # its output, then the received gradient
-                deps = part.full(f"{tag}.grad", part.full(f"{tag}.output", deps))
+                deps = part.full(f"{tag}.output_and_grad", deps, count=2)
             ready[tag] = run_pass(work, deps, tag)
             keeps = (work.forward and not last) or (not work.forward and s > 0)
             cursor = part.split(tag, [ready[tag]]) if keeps else [ready[tag]]

@@ -22,11 +22,11 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from zsim.calibrate import speed
 from zsim.errors import positive_int, require
 from zsim.testbed import procs, torchrun
 from zsim.testbed.emulate import NODE_DEV, EmulatedCluster, LinkEmulation
 from zsim.testbed.emulation_plan import EmulationPlan, emulated
-from zsim.validate import speed
 from zsim.validate.phase_split import measured_phases, median_over_launches
 from zsim.workload.ds_config import to_training_ds_config
 from zsim.workload.model import ModelKind, ModelSpec
@@ -104,6 +104,7 @@ class Measurement:
     phases: dict[str, float] | None = None  # rank 0's phases (`phase_split.measured_phases`)
     # bytes per timed step every node's interface received and sent, summed (emulated nodes)
     nic_bytes_per_step: float | None = None
+    drifted: bool = False  # launched while the machine was off its calibration's speed
 
 
 def unsupported_layout(model: ModelSpec, cfg: ParallelConfig) -> str:
@@ -304,28 +305,17 @@ def run_all(
     emulation: EmulationPlan | None = None,
     worker: Sequence[str] = WORKER,
     progress: Callable[[str, Measurement | None], None] | None = None,
+    reference: speed.Probe | None = None,
 ) -> tuple[list[Measurement], LinkEmulation | None]:
     """Every case in turn (one emulated cluster for all of them); the link as applied and
-    measured."""
-    with procs.terminate_raises():
-        return _run_all(cases, out_dir, emulation, worker, progress)
-
-
-def _run_all(
-    cases: Sequence[Case],
-    out_dir: Path,
-    emulation: EmulationPlan | None,
-    worker: Sequence[str],
-    progress: Callable[[str, Measurement | None], None] | None,
-) -> tuple[list[Measurement], LinkEmulation | None]:
-    with emulated(emulation) as cluster:
-        if cluster is None:
-            return _in_rounds(cases, out_dir, None, worker, progress), None
-        if progress is not None:
-            progress("measuring the emulated link", None)
-        if cluster.nodes > 1:
+    measured. `reference`: the machine's speed when the profile was calibrated."""
+    with procs.terminate_raises(), emulated(emulation) as cluster:
+        if cluster is not None and cluster.nodes > 1:
+            if progress is not None:
+                progress("measuring the emulated link", None)
             cluster.measure_rate_bps(0, 1, nbytes=_probe_bytes(cluster.applied_rate_bps))
-        return _in_rounds(cases, out_dir, cluster, worker, progress), cluster.emulation
+        measured = _in_rounds(cases, out_dir, cluster, worker, progress, reference)
+        return measured, None if cluster is None else cluster.emulation
 
 
 def _probe_bytes(rate_bps: float) -> int:
@@ -339,11 +329,13 @@ def _in_rounds(
     cluster: EmulatedCluster | None,
     worker: Sequence[str],
     progress: Callable[[str, Measurement | None], None] | None,
+    reference: speed.Probe | None,
 ) -> list[Measurement]:
     """Each case's launches, in rounds: launch 0 of every case, then launch 1 of every case,
     and so on, so that a slow spell of a shared host (minutes long here) falls on one launch of
     several cases rather than on all launches of one; on CPU ranks the machine's speed is
-    probed before each round (`speed.record_round`). A case that fails is not launched again."""
+    probed before each round, against `reference` (`speed.settled_round`: a round that starts
+    off it is marked drifted). A case that fails is not launched again."""
 
     def tick(name: str) -> None:
         if progress is not None:
@@ -351,14 +343,17 @@ def _in_rounds(
 
     runs: list[list[Measurement]] = [[] for _ in cases]
     rounds = max((c.launches for c in cases), default=0)
+    ranks = max((c.nodes * c.ranks_per_node for c in cases), default=1)
     for launch in range(rounds):
+        settled = True
         if rounds > 1 and all(c.device == "cpu" for c in cases):  # the machine's drift
-            speed.record_round(out_dir, launch, max(c.nodes * c.ranks_per_node for c in cases))
+            tick(f"probing the machine's speed before round {launch + 1}")
+            settled = speed.settled_round(out_dir, launch, ranks, reference)
         for case, done in zip(cases, runs, strict=True):
             if launch >= case.launches or (done and done[-1].status is not Status.OK):
                 continue
             folder = out_dir / f"launch{launch}" if case.launches > 1 else out_dir
-            done.append(run_case(case, folder, cluster, worker, tick))
+            done.append(replace(run_case(case, folder, cluster, worker, tick), drifted=not settled))
             if progress is not None and len(done) == case.launches:
                 progress(case.name, combine_launches(done))
     measured = [combine_launches(done) for done in runs]
@@ -369,16 +364,26 @@ def _in_rounds(
     return measured
 
 
-def combine_launches(runs: Sequence[Measurement]) -> Measurement:
+def combine_launches(launched: Sequence[Measurement]) -> Measurement:
     """One measurement from separate launches of a case: the median of their step medians
-    (a launch's process placement on a small shared host shifts all of its steps together).
-    The first failure, if any, stands for the case."""
-    failed = next((r for r in runs if r.status is not Status.OK), None)
-    if failed is not None or len(runs) == 1:
-        return failed or runs[0]
+    (a launch's process placement on a small shared host shifts all of its steps together),
+    over the launches that were not drifted where there are any (`speed`'s rule). The first
+    failure, if any, stands for the case."""
+    failed = next((r for r in launched if r.status is not Status.OK), None)
+    if failed is not None or len(launched) == 1:
+        return failed or launched[0]
+    runs = [r for r in launched if not r.drifted] or list(launched)
     medians = [r.step_time_s for r in runs if r.step_time_s is not None]
     step = float(statistics.median(medians))
     first = runs[0]
+    left = len(launched) - len(runs)
+    why = (
+        f" ({left} launched off the calibration's speed left out)"
+        if left
+        else " (all launched off the calibration's speed)"
+        if runs[0].drifted
+        else ""
+    )
     scale = first.step_time_s / step if first.step_time_s else 1.0
     return replace(
         first,
@@ -388,7 +393,8 @@ def combine_launches(runs: Sequence[Measurement]) -> Measurement:
         tokens_per_s=(first.tokens_per_s or 0.0) * scale,
         detail=f"median of {len(runs)} launches: "
         + ", ".join(f"{m * 1e3:.1f}" for m in medians)
-        + " ms",
+        + " ms"
+        + why,
         wall_s=sum(r.wall_s for r in runs),
         phases=median_over_launches([r.phases for r in runs if r.phases]) or None,
         nic_bytes_per_step=_median_or_none([r.nic_bytes_per_step for r in runs]),

@@ -5,11 +5,18 @@ calibration; on a shared VM it may not (between two runs of one layout three hou
 2026-12-05, its GEMMs moved 9 % and its copies 19 %, its steps 28-43 %). The probe times three
 fixed operations, one process per rank beside each other as the runs use the cores: a
 GPT-sized GEMM, a 64 MiB copy and a 64 MiB add. The validation loop probes before a layout's
-calibration, before each validation and at the end (`drift.json`); `zsim validate` probes
-before each round of launches on CPU ranks (`probes.json` in its folder). Nothing here feeds
-a profile or a prediction.
+calibration, before each validation and at the end (`drift.json`); `zsim calibrate` on CPU
+ranks probes after measuring and keeps it in the profile's provenance (`speed_probe_s`);
+`zsim validate` probes before each round of launches on CPU ranks (`probes.json` in its
+folder). Nothing here feeds a profile's rates or a prediction.
 
-    python -m zsim.validate.speed [--ranks 2]   # prints the seconds as JSON
+The rule for a round whose machine is not the calibration's (set 2026-12-05, before any run
+used it): where the profile holds a probe, a round starts only when every operation's probe
+is within DRIFT_LIMIT_PCT of it; else the probe is repeated WAIT_S later, RETRIES times at
+most, and the round then runs marked as drifted. A case's step is the median of its rounds
+that were not drifted, of all of them where every one was (and its detail says so).
+
+    python -m zsim.calibrate.speed [--ranks 2]   # prints the seconds as JSON
 """
 
 from __future__ import annotations
@@ -26,6 +33,9 @@ from pathlib import Path
 
 DRIFT_LIMIT_PCT = 10.0
 REPEATS = 15
+WAIT_S = 30.0
+RETRIES = 3
+Probe = dict[str, float]
 
 
 def median_s(run: Callable[[], object], repeats: int = REPEATS) -> float:
@@ -55,7 +65,7 @@ def probe() -> dict[str, float]:
 
 def probe_ranks(ranks: int) -> dict[str, float]:
     """Each operation's slowest median over `ranks` processes run beside each other."""
-    command = [sys.executable, "-m", "zsim.validate.speed", "--one"]
+    command = [sys.executable, "-m", "zsim.calibrate.speed", "--one"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     procs = [subprocess.Popen(command, stdout=subprocess.PIPE, env=env) for _ in range(ranks)]
     results = [json.loads(p.communicate()[0]) for p in procs]
@@ -68,14 +78,46 @@ def spread_pct(probes: list[dict[str, float]]) -> dict[str, float]:
             for k in probes[0]}  # fmt: skip
 
 
-def record_round(out_dir: Path, launch: int, ranks: int) -> None:
-    """Probe before a round of launches and append it to `out_dir/probes.json`."""
+def drift_pct(reference: Probe, probed: Probe) -> Probe:
+    """Each operation's time against the reference's, less one, in percent."""
+    return {k: 100.0 * (probed[k] / reference[k] - 1.0) for k in reference if k in probed}
+
+
+def within(reference: Probe | None, probed: Probe) -> bool:
+    """Whether the machine runs as fast as when the reference was probed (no reference: yes)."""
+    if not reference:
+        return True
+    return all(abs(x) <= DRIFT_LIMIT_PCT for x in drift_pct(reference, probed).values())
+
+
+def settled_round(
+    out_dir: Path,
+    launch: int,
+    ranks: int,
+    reference: Probe | None = None,
+    measure: Callable[[int], Probe] = probe_ranks,
+    wait: Callable[[float], None] = time.sleep,
+) -> bool:
+    """Probe before a round of launches, again WAIT_S later while it is off the reference
+    (RETRIES times at most), each probe appended to `out_dir/probes.json`; whether the round
+    runs on the reference's machine (the module's rule)."""
     path = out_dir / "probes.json"
     rounds = json.loads(path.read_text()) if path.exists() else []
-    at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    rounds.append({"round": launch, "at": at, "probe_s": probe_ranks(ranks)})
     out_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(rounds, indent=1) + "\n")
+    for attempt in range(RETRIES + 1):
+        if attempt:
+            wait(WAIT_S)
+        probed = measure(ranks)
+        ok = within(reference, probed)
+        at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        entry: dict[str, object] = {"round": launch, "at": at, "probe_s": probed}
+        if reference:
+            entry |= {"drift_pct": drift_pct(reference, probed), "within": ok}
+        rounds.append(entry)
+        path.write_text(json.dumps(rounds, indent=1) + "\n")
+        if ok:
+            return True
+    return False
 
 
 def main(argv: list[str]) -> int:
