@@ -391,13 +391,5 @@ class Estimator:
 
 def _kernel_key(c: ParallelConfig) -> tuple[object, ...]:
     """What a layer's pass time depends on."""
-    return (
-        c.tp,
-        c.micro_batch,
-        c.recompute,
-        c.sequence_parallel,
-        c.flash_attention,
-        c.precision,
-        c.tp_comm_overlap,
-        c.async_tp_allreduce,
-    )
+    tensor_parallel = (c.tp, c.sequence_parallel, c.tp_comm_overlap, c.async_tp_allreduce)
+    return (*tensor_parallel, c.micro_batch, c.recompute, c.flash_attention, c.precision)

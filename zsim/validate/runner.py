@@ -331,11 +331,10 @@ def _in_rounds(
     progress: Callable[[str, Measurement | None], None] | None,
     reference: speed.Probe | None,
 ) -> list[Measurement]:
-    """Each case's launches, in rounds: launch 0 of every case, then launch 1 of every case,
-    and so on, so that a slow spell of a shared host (minutes long here) falls on one launch of
-    several cases rather than on all launches of one; on CPU ranks the machine's speed is
-    probed before each round, against `reference` (`speed.settled_round`: a round that starts
-    off it is marked drifted). A case that fails is not launched again."""
+    """Each case's launches, in rounds (launch 0 of every case, then launch 1, ...), so that a
+    slow spell of a shared host falls on one launch of several cases rather than on all of
+    one's; on CPU ranks each round is probed against `reference` first (`speed.settled_round`:
+    one that starts off it is marked drifted). A case that fails is not launched again."""
 
     def tick(name: str) -> None:
         if progress is not None:
@@ -377,13 +376,8 @@ def combine_launches(launched: Sequence[Measurement]) -> Measurement:
     step = float(statistics.median(medians))
     first = runs[0]
     left = len(launched) - len(runs)
-    why = (
-        f" ({left} launched off the calibration's speed left out)"
-        if left
-        else " (all launched off the calibration's speed)"
-        if runs[0].drifted
-        else ""
-    )
+    why = f" ({left} launched off the calibration's speed left out)" if left else ""
+    why = " (all launched off the calibration's speed)" if runs[0].drifted else why
     scale = first.step_time_s / step if first.step_time_s else 1.0
     return replace(
         first,
