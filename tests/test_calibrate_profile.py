@@ -50,108 +50,72 @@ def test_profile_describes_this_setup():
 # 20:44, the Intel host, fitted to the rows' means, nothing else running, just before the
 # 1x2 validation).
 KNOWN_KERNEL_MISFITS = {
-    "bmm 64x128x128 x6": "+14%: mean 0.0926 ms (median 0.0894 [0.077-0.108]), "
-    "launches 0.112/0.0902/0.0758 ms (launches apart)",
-    "mm 256x256x256": "+11%: mean 0.251 ms (median 0.26 [0.22-0.273]), "
-    "launches 0.266/0.224/0.262 ms (launches agree)",
-    "bmm 128x64x128 x24": "-28%: mean 0.573 ms (median 0.471 [0.419-0.87]), "
-    "launches 0.479/0.413/0.827 ms (launches apart)",
-    "bmm 128x128x64 x24": "-20%: mean 0.519 ms (median 0.43 [0.39-0.776]), "
-    "launches 0.434/0.383/0.741 ms (launches apart)",
-    "mm 128x768x384": "-10%: mean 0.692 ms (median 0.564 [0.531-1.01]), "
-    "launches 0.567/0.52/0.988 ms (launches apart)",
-    "bmm 64x128x128 x48": "-22%: mean 1.07 ms (median 0.899 [0.803-1.54]), "
-    "launches 0.9/0.787/1.51 ms (launches apart)",
-    "bmm 128x64x128 x48": "-31%: mean 1.2 ms (median 0.948 [0.834-1.76]), "
-    "launches 0.944/0.931/1.72 ms (launches apart)",
-    "bmm 128x128x64 x48": "-23%: mean 1.07 ms (median 0.884 [0.808-1.56]), "
-    "launches 0.885/0.802/1.53 ms (launches apart)",
-    "mm 128x768x768": "-10%: mean 1.38 ms (median 1.17 [1.04-2]), "
-    "launches 1.18/1.04/1.91 ms (launches apart)",
-    "mm 256x384x768": "-10%: mean 1.38 ms (median 1.21 [1.06-1.89]), "
-    "launches 1.25/1.06/1.84 ms (launches apart)",
-    "mm 256x768x384": "-10%: mean 1.38 ms (median 1.2 [1.05-1.9]), "
-    "launches 1.23/1.05/1.86 ms (launches apart)",
-    "mm 128x1152x768": "-11%: mean 2.08 ms (median 1.83 [1.4-3.15]), "
-    "launches 1.83/1.38/3.04 ms (launches apart)",
-    "mm 128x1536x768": "-21%: mean 3.12 ms (median 2.85 [1.97-4.55]), "
-    "launches 2.86/1.99/4.52 ms (launches apart)",
-    "mm 256x768x768": "-14%: mean 2.88 ms (median 2.5 [2.38-3.93]), "
-    "launches 2.5/2.28/3.87 ms (launches apart)",
-    "mm 384x768x512": "-13%: mean 2.85 ms (median 2.53 [2.23-3.92]), "
-    "launches 2.5/2.22/3.85 ms (launches apart)",
-    "mm 512x384x768": "-15%: mean 2.92 ms (median 2.52 [2.37-3.82]), "
-    "launches 2.52/2.4/3.85 ms (launches apart)",
-    "mm 512x768x384": "-11%: mean 2.78 ms (median 2.42 [2.29-3.69]), "
-    "launches 2.46/2.29/3.6 ms (launches apart)",
-    "mm 768x768x256": "-12%: mean 2.82 ms (median 2.47 [2.37-3.7]), "
-    "launches 2.46/2.37/3.65 ms (launches apart)",
-    "mm 1536x768x128": "-11%: mean 2.77 ms (median 2.34 [2.21-3.81]), "
-    "launches 2.24/2.36/3.7 ms (launches apart)",
-    "mm 128x768x2304": "-15%: mean 4.36 ms (median 3.72 [3.56-5.92]), "
-    "launches 3.59/3.7/5.79 ms (launches apart)",
-    "mm 128x2304x768": "-19%: mean 4.6 ms (median 3.9 [3.73-6.25]), "
-    "launches 3.73/3.9/6.16 ms (launches apart)",
-    "mm 256x768x1152": "-12%: mean 4.21 ms (median 3.62 [3.45-5.65]), "
-    "launches 3.48/3.56/5.58 ms (launches apart)",
-    "mm 256x1152x768": "-18%: mean 4.5 ms (median 4.18 [3.79-5.74]), "
-    "launches 4.01/3.8/5.7 ms (launches apart)",
-    "mm 768x1152x256": "-12%: mean 4.2 ms (median 3.65 [3.35-5.77]), "
-    "launches 3.55/3.41/5.66 ms (launches apart)",
-    "mm 768x2304x128": "+11%: mean 3.33 ms (median 3.27 [3.18-3.31]), "
-    "launches 3.42/3.26/3.31 ms (launches agree)",
-    "mm 128x3072x768": "-41%: mean 8.38 ms (median 6.8 [5.49-9.76]), "
-    "launches 5.55/6.77/12.8 ms (launches apart)",
-    "mm 768x3072x128": "+12%: mean 4.41 ms (median 4.36 [4.3-4.52]), "
-    "launches 4.26/4.36/4.6 ms (launches agree)",
-    "mm 1536x768x256": "+11%: mean 4.47 ms (median 4.43 [4.39-4.53]), "
-    "launches 4.41/4.48/4.51 ms (launches agree)",
-    "mm 3072x768x128": "+17%: mean 4.22 ms (median 4.34 [4.17-4.47]), "
-    "launches 4.32/3.81/4.52 ms (launches agree)",
-    "mm 128x768x4096": "+11%: mean 5.97 ms (median 6.28 [4.9-6.35]), "
-    "launches 6.63/4.89/6.39 ms (launches apart)",
-    "mm 128x4096x768": "-46%: mean 12.3 ms (median 13.1 [9.98-13.5]), "
-    "launches 13.1/9.86/13.9 ms (launches apart)",
-    "mm 768x4096x128": "+14%: mean 5.77 ms (median 6.14 [4.92-6.27]), "
-    "launches 6.18/4.92/6.22 ms (launches apart)",
-    "mm 512x1152x768": "+11%: mean 6.7 ms (median 6.8 [5.8-7.34]), "
-    "launches 6.79/5.87/7.44 ms (launches apart)",
-    "mm 768x2304x256": "+13%: mean 6.57 ms (median 6.65 [5.83-7.23]), "
-    "launches 6.72/5.67/7.32 ms (launches apart)",
-    "mm 3072x768x256": "+14%: mean 8.7 ms (median 8.67 [7.49-9.66]), "
-    "launches 8.65/7.62/9.85 ms (launches apart)",
-    "mm 128x8192x768": "-55%: mean 29.2 ms (median 26.6 [23.8-29.8]), "
-    "launches 27/23.6/38.4 ms (launches apart)",
-    "mm 256x768x4096": "-12%: mean 15 ms (median 12.2 [11.6-21.4]), "
-    "launches 12.3/10.9/21.7 ms (launches apart)",
-    "mm 256x4096x768": "-15%: mean 15.5 ms (median 13.9 [12.4-21]), "
-    "launches 14/11.2/21.2 ms (launches apart)",
-    "mm 768x4096x256": "-13%: mean 15.1 ms (median 13.6 [12-20.2]), "
-    "launches 13.1/11.6/20.5 ms (launches apart)",
-    "mm 512x2304x768": "+11%: mean 13.3 ms (median 13.4 [12.5-14.6]), "
-    "launches 13.4/11.8/14.8 ms (launches apart)",
-    "mm 768x2304x512": "+15%: mean 12.9 ms (median 13.1 [11.3-13.9]), "
-    "launches 13/11.4/14.3 ms (launches apart)",
-    "mm 1024x1024x1024": "+14%: mean 15.4 ms (median 15.9 [13.3-16.6]), "
-    "launches 15.9/13.5/16.9 ms (launches apart)",
-    "mm 512x768x3072": "+13%: mean 17.5 ms (median 17.8 [16.1-18.2]), "
-    "launches 18.2/17.1/17.1 ms (launches agree)",
-    "mm 512x3072x768": "+11%: mean 17.9 ms (median 17.5 [16.4-19.5]), "
-    "launches 19.5/16.2/17.8 ms (launches agree)",
-    "mm 768x3072x512": "+14%: mean 17.3 ms (median 17.3 [15.6-19]), "
-    "launches 19.2/15.5/17.2 ms (launches apart)",
-    "mm 3072x768x512": "+11%: mean 17.8 ms (median 18.7 [15.9-19.1]), "
-    "launches 19.2/15.8/18.3 ms (launches agree)",
-    "mm 512x768x4096": "+12%: mean 23.5 ms (median 23 [21.4-25.9]), "
-    "launches 26.1/21.9/22.6 ms (launches agree)",
-    "mm 768x4096x512": "+13%: mean 23.4 ms (median 23.7 [22.4-24]), "
-    "launches 24.8/21.6/23.7 ms (launches agree)",
-    "mm 768x8192x512": "+10%: mean 47.9 ms (median 50.1 [43.4-52.2]), "
-    "launches 52/48.2/44 ms (launches agree)",
-    "mm 2048x2048x2048": "+20%: mean 117 ms (median 109 [107-129]), "
-    "launches 136/112/107 ms (launches apart)",
-    "adamw 4194304 params": "+11%: mean 20.4 ms (median 18 [16-25.7]), "
-    "launches 15.7/28.1/17.6 ms (launches apart)",
+    "mm 64x64x64": "-11%: mean 0.00882 ms (median 0.00842 [0.00755-0.00926]), "
+    "launches 0.00816/0.0101/0.00823 ms (launches apart)",
+    "bmm 128x64x128 x6": "-11%: mean 0.139 ms (median 0.145 [0.111-0.153]), "
+    "launches 0.142/0.123/0.152 ms (launches apart)",
+    "mm 256x384x768": "+11%: mean 1.31 ms (median 1.3 [1.26-1.35]), "
+    "launches 1.36/1.27/1.3 ms (launches agree)",
+    "mm 256x768x384": "+17%: mean 1.24 ms (median 1.23 [1.19-1.3]), "
+    "launches 1.21/1.3/1.22 ms (launches agree)",
+    "mm 128x768x1152": "-12%: mean 2.47 ms (median 2.21 [2.04-3.18]), "
+    "launches 2.25/2.1/3.07 ms (launches apart)",
+    "mm 768x1152x128": "+28%: mean 1.71 ms (median 1.69 [1.64-1.74]), "
+    "launches 1.72/1.69/1.7 ms (launches agree)",
+    "mm 512x512x512": "+10%: mean 2.35 ms (median 2.15 [2.02-2.56]), "
+    "launches 2.25/2.67/2.12 ms (launches apart)",
+    "mm 128x768x1536": "+13%: mean 2.57 ms (median 2.4 [1.89-3.05]), "
+    "launches 2.84/2.95/1.92 ms (launches apart)",
+    "mm 256x1152x768": "+15%: mean 3.79 ms (median 3.41 [3.27-4.33]), "
+    "launches 3.78/3.65/3.94 ms (launches agree)",
+    "mm 768x1152x256": "+19%: mean 3.68 ms (median 3.35 [3.19-4.13]), "
+    "launches 3.63/3.56/3.84 ms (launches agree)",
+    "mm 768x2304x128": "+15%: mean 3.78 ms (median 3.79 [3.26-4.09]), "
+    "launches 4.01/3.34/3.98 ms (launches agree)",
+    "mm 256x1536x768": "-14%: mean 6.74 ms (median 6.9 [5.87-7.54]), "
+    "launches 5.62/7.28/7.31 ms (launches apart)",
+    "mm 512x768x768": "-12%: mean 6.61 ms (median 6.9 [4.9-7.56]), "
+    "launches 4.83/7.43/7.56 ms (launches apart)",
+    "mm 768x1536x256": "-12%: mean 6.59 ms (median 6.57 [5.33-7.33]), "
+    "launches 5.41/6.99/7.35 ms (launches apart)",
+    "mm 768x3072x128": "-17%: mean 7 ms (median 7.19 [6.36-7.66]), "
+    "launches 6.4/7.22/7.39 ms (launches agree)",
+    "mm 1536x768x256": "-21%: mean 7.37 ms (median 7.4 [7.04-7.79]), "
+    "launches 7.48/7.47/7.16 ms (launches agree)",
+    "mm 3072x768x128": "-13%: mean 6.65 ms (median 6.88 [5.2-7.53]), "
+    "launches 6.55/7.4/6 ms (launches apart)",
+    "mm 128x768x4096": "-15%: mean 9.15 ms (median 9.16 [7.94-9.91]), "
+    "launches 8.08/9.68/9.7 ms (launches agree)",
+    "mm 128x4096x768": "-47%: mean 14.6 ms (median 14.4 [12.3-16.6]), "
+    "launches 16.4/14.5/13 ms (launches apart)",
+    "mm 768x2304x256": "-17%: mean 10.5 ms (median 10.3 [9.13-12.2]), "
+    "launches 12.7/9.72/8.99 ms (launches apart)",
+    "mm 256x768x3072": "-14%: mean 13.5 ms (median 14.9 [9.38-16.1]), "
+    "launches 9.79/16.1/14.8 ms (launches apart)",
+    "mm 768x1536x512": "+16%: mean 9.99 ms (median 9.72 [8.39-10.8]), "
+    "launches 9.83/10.2/9.98 ms (launches agree)",
+    "mm 768x3072x256": "+17%: mean 9.94 ms (median 8.72 [8.12-11.2]), "
+    "launches 11.4/9.32/9.13 ms (launches apart)",
+    "mm 1536x768x512": "+18%: mean 9.88 ms (median 9.78 [8.19-10.7]), "
+    "launches 10.2/10.4/8.99 ms (launches agree)",
+    "mm 128x8192x768": "-54%: mean 34 ms (median 31.6 [26.9-38.7]), "
+    "launches 33.8/39.7/27.3 ms (launches apart)",
+    "mm 256x768x4096": "-19%: mean 19.1 ms (median 16.6 [14.9-21.6]), "
+    "launches 16.1/26.9/15.2 ms (launches apart)",
+    "mm 768x4096x256": "-13%: mean 17.9 ms (median 18.1 [14.9-20.7]), "
+    "launches 18.6/14/21.1 ms (launches apart)",
+    "mm 512x3072x768": "+10%: mean 21 ms (median 20.7 [17.9-23]), "
+    "launches 20.8/20.8/21.5 ms (launches agree)",
+    "mm 256x768x8192": "-13%: mean 35.5 ms (median 32.7 [26.7-40]), "
+    "launches 33.9/31.7/39.9 ms (launches apart)",
+    "mm 2048x2048x2048": "+13%: mean 147 ms (median 147 [138-156]), "
+    "launches 137/149/154 ms (launches agree)",
+    "add 192 B": "-16%: mean 0.00343 ms (median 0.00298 [0.00275-0.00327]), "
+    "launches 0.00301/0.003/0.00427 ms (launches apart)",
+    "add 768 B": "+12%: mean 0.00263 ms (median 0.00261 [0.00255-0.00282]), "
+    "launches 0.00224/0.00289/0.00275 ms (launches apart)",
+    "adamw 4194304 params": "+13%: mean 24.8 ms (median 21.1 [18.6-29.1]), "
+    "launches 26.8/22.1/25.6 ms (launches agree)",
 }
 # zsim's gloo model (half-duplex rank stacks, one latency per ring step, a cost per message, the
 # ranks' copies and sums, all_gather's flat output faulted in above a thread arena's 64 MiB heap,
@@ -161,70 +125,78 @@ KNOWN_KERNEL_MISFITS = {
 # stall in a quarter to half of them, which follows the host's scheduling of this VM:
 # calibration_repeat.md), and whole launches sit in the slow mode or not.
 KNOWN_COLLECTIVE_MISFITS = {
-    "all_gather_into_tensor intra n=2 8 B": "+60%: mean 0.332 ms (median 0.192 [0.173-0.26]), "
-    "launches 0.195/0.485/0.317 ms (launches apart)",
-    "all_gather_into_tensor intra n=2 4 KiB": "+27%: mean 0.419 ms (median 0.2 [0.175-0.298]), "
-    "launches 0.606/0.476/0.175 ms (launches apart)",
-    "all_gather_into_tensor intra n=2 16 KiB": "-12%: mean 0.616 ms (median 0.273 [0.201-0.327]), "
-    "launches 0.282/0.98/0.587 ms (launches apart)",
-    "all_gather_into_tensor intra n=2 256 KiB": "-16%: mean 0.818 ms (median 0.341 [0.257-0.463]), "
-    "launches 1.36/0.799/0.291 ms (launches apart)",
-    "all_gather_into_tensor intra n=2 1 MiB": "-32%: mean 1.72 ms (median 0.818 [0.624-2.79]), "
-    "launches 1.38/2.08/1.7 ms (launches apart)",
-    "all_gather_into_tensor intra n=2 4 MiB": "+11%: mean 2.76 ms (median 2.21 [1.91-3.54]), "
-    "launches 2.92/2.81/2.56 ms (launches agree)",
-    "reduce_scatter_tensor intra n=2 8 B": "+38%: mean 0.582 ms (median 0.252 [0.203-0.361]), "
-    "launches 0.73/0.415/0.6 ms (launches apart)",
-    "reduce_scatter_tensor intra n=2 4 KiB": "-31%: mean 1.82 ms (median 0.509 [0.37-3.62]), "
-    "launches 1.54/1.76/2.16 ms (launches apart)",
-    "reduce_scatter_tensor intra n=2 16 KiB": "-29%: mean 1.8 ms (median 0.628 [0.369-3.57]), "
-    "launches 1.5/2.26/1.64 ms (launches apart)",
-    "reduce_scatter_tensor intra n=2 64 KiB": "-20%: mean 1.65 ms (median 0.528 [0.395-3.22]), "
-    "launches 1.41/2.06/1.47 ms (launches apart)",
-    "reduce_scatter_tensor intra n=2 256 KiB": "-35%: mean 2.31 ms (median 2.38 [0.58-3.76]), "
-    "launches 2.27/1.99/2.68 ms (launches apart)",
-    "reduce_scatter_tensor intra n=2 1 MiB": "-17%: mean 2.73 ms (median 1.76 [1.24-4.04]), "
-    "launches 2.58/2.48/3.12 ms (launches apart)",
-    "all_reduce intra n=2 8 B": "+11%: mean 0.552 ms (median 0.222 [0.169-0.262]), "
-    "launches 0.402/0.988/0.266 ms (launches apart)",
-    "all_reduce intra n=2 1 KiB": "+23%: mean 0.862 ms (median 0.319 [0.269-0.397]), "
-    "launches 0.523/1.67/0.394 ms (launches apart)",
-    "all_reduce intra n=2 4 KiB": "-42%: mean 1.85 ms (median 0.5 [0.298-3.5]), "
-    "launches 1.91/1.68/1.95 ms (launches agree)",
-    "all_reduce intra n=2 16 KiB": "-42%: mean 1.86 ms (median 0.627 [0.283-3.54]), "
-    "launches 2.01/1.97/1.6 ms (launches apart)",
-    "all_reduce intra n=2 64 KiB": "-41%: mean 1.86 ms (median 0.957 [0.285-3.28]), "
-    "launches 2.1/1.87/1.59 ms (launches apart)",
-    "all_reduce intra n=2 256 KiB": "-45%: mean 2.19 ms (median 1.77 [0.421-3.83]), "
-    "launches 2.1/2.36/2.11 ms (launches agree)",
-    "all_reduce intra n=2 1 MiB": "-16%: mean 1.93 ms (median 1 [0.701-3.5]), "
-    "launches 2/1.62/2.17 ms (launches apart)",
-    "all_reduce intra n=2 256 MiB": "+11%: mean 180 ms (median 167 [162-191]), "
-    "launches 160/171/218 ms (launches apart)",
-    "broadcast intra n=2 8 B": "-19%: mean 0.24 ms (median 0.148 [0.109-0.194]), "
-    "launches 0.304/0.209/0.208 ms (launches apart)",
-    "broadcast intra n=2 1 KiB": "+11%: mean 0.175 ms (median 0.138 [0.101-0.169]), "
-    "launches 0.21/0.169/0.146 ms (launches apart)",
-    "broadcast intra n=2 16 KiB": "-11%: mean 0.223 ms (median 0.116 [0.092-0.16]), "
-    "launches 0.155/0.252/0.263 ms (launches apart)",
-    "broadcast intra n=2 256 KiB": "-11%: mean 0.294 ms (median 0.143 [0.118-0.175]), "
-    "launches 0.439/0.247/0.195 ms (launches apart)",
-    "sendrecv intra n=2 8 B": "-34%: mean 0.663 ms (median 0.13 [0.108-1.59]), "
-    "launches 0.534/1.14/0.311 ms (launches apart)",
-    "sendrecv intra n=2 4 KiB": "+16%: mean 0.378 ms (median 0.122 [0.0971-0.143]), "
-    "launches 0.102/0.34/0.691 ms (launches apart)",
-    "sendrecv intra n=2 64 KiB": "-34%: mean 0.7 ms (median 0.155 [0.117-1.28]), "
-    "launches 0.784/0.589/0.728 ms (launches apart)",
-    "sendrecv intra n=2 256 KiB": "-20%: mean 0.69 ms (median 0.215 [0.179-1.39]), "
-    "launches 0.937/0.627/0.508 ms (launches apart)",
-    "sendrecv intra n=2 1 MiB": "+44%: mean 0.619 ms (median 0.532 [0.482-0.574]), "
-    "launches 0.792/0.571/0.493 ms (launches apart)",
-    "sendrecv intra n=2 4 MiB": "+13%: mean 2.01 ms (median 1.79 [1.54-2.01]), "
-    "launches 2.07/2.17/1.78 ms (launches agree)",
-    "sendrecv intra n=2 64 MiB": "-26%: mean 40.3 ms (median 38 [35.4-43.4]), "
-    "launches 35.9/41.8/44 ms (launches apart)",
-    "sendrecv intra n=2 256 MiB": "-18%: mean 143 ms (median 137 [134-158]), "
-    "launches 139/134/161 ms (launches agree)",
+    "all_gather_into_tensor intra n=2 8 B": "-17%: mean 0.74 ms (median 0.222 [0.186-0.368]), "
+    "launches 0.596/0.678/0.946 ms (launches apart)",
+    "all_gather_into_tensor intra n=2 1 KiB": "+40%: mean 0.442 ms (median 0.237 [0.214-0.298]), "
+    "launches 0.22/0.867/0.239 ms (launches apart)",
+    "all_gather_into_tensor intra n=2 16 KiB": "-17%: mean 0.76 ms (median 0.311 [0.269-0.423]), "
+    "launches 0.948/0.678/0.652 ms (launches apart)",
+    "all_gather_into_tensor intra n=2 64 KiB": "+41%: mean 0.474 ms (median 0.323 [0.264-0.405]), "
+    "launches 0.504/0.492/0.426 ms (launches agree)",
+    "all_gather_into_tensor intra n=2 256 KiB": "-25%: mean 1.12 ms (median 0.435 [0.37-0.581]), "
+    "launches 1.56/1.01/0.781 ms (launches apart)",
+    "all_gather_into_tensor intra n=2 1 MiB": "-26%: mean 2.01 ms (median 0.925 [0.739-2.63]), "
+    "launches 2.67/1.56/1.8 ms (launches apart)",
+    "all_gather_into_tensor intra n=2 4 MiB": "+12%: mean 3.68 ms (median 2.83 [2.17-4.32]), "
+    "launches 4.16/3.53/3.33 ms (launches apart)",
+    "reduce_scatter_tensor intra n=2 8 B": "+35%: mean 0.662 ms (median 0.272 [0.183-0.439]), "
+    "launches 0.51/0.545/0.932 ms (launches apart)",
+    "reduce_scatter_tensor intra n=2 1 KiB": "-25%: mean 1.92 ms (median 0.66 [0.338-3.73]), "
+    "launches 2.88/1.74/1.13 ms (launches apart)",
+    "reduce_scatter_tensor intra n=2 4 KiB": "-11%: mean 1.61 ms (median 0.405 [0.29-3.21]), "
+    "launches 1.99/1.54/1.3 ms (launches apart)",
+    "reduce_scatter_tensor intra n=2 16 KiB": "-39%: mean 2.38 ms (median 1.05 [0.36-3.85]), "
+    "launches 2.18/2.34/2.61 ms (launches agree)",
+    "reduce_scatter_tensor intra n=2 64 KiB": "-17%: mean 1.81 ms (median 0.588 [0.375-3.29]), "
+    "launches 2.03/1.94/1.46 ms (launches apart)",
+    "reduce_scatter_tensor intra n=2 1 MiB": "-26%: mean 3.55 ms (median 2.71 [1.39-4.17]), "
+    "launches 4.19/3.26/3.19 ms (launches apart)",
+    "all_reduce intra n=2 1 KiB": "-29%: mean 1.74 ms (median 0.34 [0.253-3.44]), "
+    "launches 2.18/2.18/0.845 ms (launches apart)",
+    "all_reduce intra n=2 4 KiB": "+36%: mean 0.907 ms (median 0.283 [0.233-0.405]), "
+    "launches 0.574/1.79/0.355 ms (launches apart)",
+    "all_reduce intra n=2 16 KiB": "-31%: mean 1.81 ms (median 0.554 [0.285-3.47]), "
+    "launches 1.78/1.8/1.84 ms (launches agree)",
+    "all_reduce intra n=2 64 KiB": "-40%: mean 2.14 ms (median 1.15 [0.336-3.79]), "
+    "launches 2.39/2.2/1.83 ms (launches apart)",
+    "all_reduce intra n=2 256 KiB": "-28%: mean 1.95 ms (median 0.552 [0.403-3.42]), "
+    "launches 2.63/1.7/1.54 ms (launches apart)",
+    "all_reduce intra n=2 64 MiB": "+12%: mean 54.2 ms (median 51.1 [43.4-59.3]), "
+    "launches 61.6/59.1/43.4 ms (launches apart)",
+    "all_reduce intra n=2 256 MiB": "+11%: mean 219 ms (median 210 [193-240]), "
+    "launches 256/221/181 ms (launches apart)",
+    "broadcast intra n=2 8 B": "-33%: mean 0.313 ms (median 0.125 [0.103-0.195]), "
+    "launches 0.455/0.117/0.368 ms (launches apart)",
+    "broadcast intra n=2 1 KiB": "-23%: mean 0.274 ms (median 0.159 [0.126-0.176]), "
+    "launches 0.295/0.341/0.185 ms (launches apart)",
+    "broadcast intra n=2 4 KiB": "-12%: mean 0.24 ms (median 0.137 [0.105-0.164]), "
+    "launches 0.358/0.204/0.157 ms (launches apart)",
+    "broadcast intra n=2 16 KiB": "+24%: mean 0.174 ms (median 0.116 [0.0855-0.157]), "
+    "launches 0.222/0.156/0.143 ms (launches apart)",
+    "broadcast intra n=2 64 KiB": "+13%: mean 0.204 ms (median 0.104 [0.0852-0.141]), "
+    "launches 0.212/0.119/0.281 ms (launches apart)",
+    "broadcast intra n=2 256 KiB": "-18%: mean 0.357 ms (median 0.163 [0.128-0.218]), "
+    "launches 0.238/0.479/0.355 ms (launches apart)",
+    "broadcast intra n=2 4 MiB": "+11%: mean 1.37 ms (median 1.23 [0.997-1.4]), "
+    "launches 1.55/1.22/1.35 ms (launches apart)",
+    "broadcast intra n=2 256 MiB": "-10%: mean 93.7 ms (median 81.5 [77.3-119]), "
+    "launches 110/105/75.8 ms (launches apart)",
+    "sendrecv intra n=2 8 B": "-50%: mean 0.663 ms (median 0.167 [0.0939-0.871]), "
+    "launches 0.559/0.934/0.495 ms (launches apart)",
+    "sendrecv intra n=2 1 KiB": "-16%: mean 0.396 ms (median 0.145 [0.102-0.215]), "
+    "launches 0.188/0.599/0.402 ms (launches apart)",
+    "sendrecv intra n=2 16 KiB": "-50%: mean 0.681 ms (median 0.146 [0.0971-1.09]), "
+    "launches 0.704/0.948/0.391 ms (launches apart)",
+    "sendrecv intra n=2 64 KiB": "-35%: mean 0.565 ms (median 0.236 [0.143-0.375]), "
+    "launches 0.578/0.331/0.785 ms (launches apart)",
+    "sendrecv intra n=2 256 KiB": "+68%: mean 0.285 ms (median 0.212 [0.188-0.364]), "
+    "launches 0.211/0.381/0.263 ms (launches apart)",
+    "sendrecv intra n=2 16 MiB": "-16%: mean 11.5 ms (median 9.76 [9.06-11.2]), "
+    "launches 13.9/11.2/9.46 ms (launches apart)",
+    "sendrecv intra n=2 64 MiB": "-14%: mean 43.9 ms (median 39.2 [36.5-43.9]), "
+    "launches 46.7/47.2/37.5 ms (launches apart)",
+    "sendrecv intra n=2 256 MiB": "-15%: mean 176 ms (median 178 [158-196]), "
+    "launches 190/172/170 ms (launches agree)",
 }
 
 
