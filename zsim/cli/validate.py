@@ -130,10 +130,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     model_spec = args.model or (DEFAULT_CPU_MODEL if device == "cpu" else DEFAULT_GPU_MODEL)
     model = parse_model(model_spec)
     precision = precision_of(args.precision, device)
-    if args.profile is not None:
-        from zsim.calibrate.profile import load_profile
+    reference = None  # the machine's speed when the profile was measured (`speed`)
+    if args.profile is not None:  # a bad file is refused before anything runs
+        from zsim.calibrate.profile import load_calibration
 
-        load_profile(args.profile)  # a bad file is refused before anything runs
+        reference = load_calibration(args.profile).provenance.get("speed_probe_s")
     nodes, ranks_per_node, simulated, emulation = _cluster(args, device)
     require(args.scale is None or args.emulate, "scale", args.scale, "only with --emulate")
     cluster = (simulated, nodes, ranks_per_node)
@@ -152,7 +153,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         "emulated": bool(emulation),
         "profile": str(args.profile) if args.profile else "",
     }
-    return _run(args, cases, emulation, context)
+    return _run(args, cases, emulation, context, reference)
 
 
 def _cluster(args: argparse.Namespace, device: str) -> tuple[int, int, str, Any]:
@@ -200,17 +201,13 @@ def _run(
     cases: Sequence[Any],
     emulation: Any,
     context: dict[str, Any],
+    reference: dict[str, float] | None = None,
 ) -> int:
     from zsim.validate import compare, results, runner
 
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     band = whole("band_samples", args.band_samples, zero=True)
-    reference = None
-    if args.profile is not None:  # the machine's speed when the profile was measured
-        from zsim.calibrate.profile import load_calibration
-
-        reference = load_calibration(args.profile).provenance.get("speed_probe_s")
     with _status(not args.no_progress) as show:
         measured, link = runner.run_all(cases, out, emulation, progress=show, reference=reference)
         show("simulating", None)

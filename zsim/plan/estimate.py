@@ -49,7 +49,6 @@ from zsim.workload.parallel import (
     DpEngine,
     Offload,
     ParallelConfig,
-    PipelineEngine,
     ZeroStage,
 )
 from zsim.workload.shapes import forward_flops
@@ -228,7 +227,7 @@ class Estimator:
         if cfg.pp == 1:
             return 0.0
         partitioned = 0.0
-        if cfg.pipeline_engine is PipelineEngine.DEEPSPEED and pipe_partitions(cfg) > 1:
+        if pipe_partitions(cfg) > 1:
             key = ("partitioned", cfg.pp > 2, *_kernel_key(cfg))
             if key not in self._flops:
                 job = self.job(cfg, 0)
@@ -243,7 +242,7 @@ class Estimator:
     def _send_s(self, cfg: ParallelConfig, grid: RankGrid) -> float:
         """One activation from stage 0 to 1, beside the same send of every other (dp, tp)
         replica where they share its links (they all send at once)."""
-        parts = pipe_partitions(cfg) if cfg.pipeline_engine is PipelineEngine.DEEPSPEED else 1
+        parts = pipe_partitions(cfg)
         key = ("send", cfg.tp, cfg.micro_batch, cfg.sequence_parallel, cfg.precision, parts)
         if key not in self._flops:
             self._flops[key] = self.job(cfg, 0).activation_bytes() / parts

@@ -157,10 +157,12 @@ def megatron_schedule(job: StageJob, writer: ProgramWriter, run_pass: RunPass) -
 
 
 def pipe_partitions(cfg: ParallelConfig) -> int:
-    """The parts DeepSpeed's PipelineEngine splits a message into: with model parallelism
-    (`is_pipe_partitioned`, `is_grad_partitioned`: the config's `pipe_partitioned` and
-    `grad_partitioned`, True by default) each TP rank sends its 1/tp (`PartitionedTensor`)."""
-    return cfg.tp if cfg.models(Mechanism.PIPE_PARTITIONED) else 1
+    """The parts a pipeline message is sent in: with model parallelism DeepSpeed's
+    PipelineEngine (`is_pipe_partitioned`, `is_grad_partitioned`: the config's
+    `pipe_partitioned` and `grad_partitioned`, True by default) has each TP rank send its
+    1/tp (`PartitionedTensor`); Megatron's schedules send whole messages."""
+    deepspeed = cfg.pipeline_engine is PipelineEngine.DEEPSPEED
+    return cfg.tp if deepspeed and cfg.models(Mechanism.PIPE_PARTITIONED) else 1
 
 
 def partition_copies_s(job: StageJob) -> tuple[float, float]:
@@ -183,7 +185,9 @@ class _Partitioned:
         self.writer, self.parts, self.act = writer, pipe_partitions(job.cfg), job.activation_bytes()
         self.full_s, self.part_s = partition_copies_s(job)
         self.gather = Comm(CollectiveOp.ALL_GATHER, self.act, Group.TP)
-        self.fixed_s = None if tp_time is None else tp_time(self.gather) + self.full_s
+        self.fixed_s: float | None = None  # no gathers without partitions
+        if tp_time is not None and self.parts > 1:
+            self.fixed_s = tp_time(self.gather) + self.full_s
 
     def full(self, tag: str, deps: list[Task], count: int = 1) -> list[Task]:
         if self.parts == 1:

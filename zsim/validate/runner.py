@@ -389,7 +389,7 @@ def combine_launches(launched: Sequence[Measurement]) -> Measurement:
         + ", ".join(f"{m * 1e3:.1f}" for m in medians)
         + " ms"
         + why,
-        wall_s=sum(r.wall_s for r in runs),
+        wall_s=sum(r.wall_s for r in launched),
         phases=median_over_launches([r.phases for r in runs if r.phases]) or None,
         nic_bytes_per_step=_median_or_none([r.nic_bytes_per_step for r in runs]),
     )
