@@ -23,7 +23,10 @@ from zsim.step.prefix import LoneSend, Prefix, _first_crowding
 def _run(name: str) -> Report:
     s = SCENARIOS[name]
     model, cfg, topo, device = inputs(s)
-    return simulate(model, cfg, topo, device, full=s.full, stragglers=s.stragglers or None)
+    # spans are compared: every micro-batch simulated
+    return simulate(
+        model, cfg, topo, device, full=s.full, stragglers=s.stragglers or None, fold=False
+    )
 
 
 def _event_loop_only(monkeypatch: pytest.MonkeyPatch) -> None:

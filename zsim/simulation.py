@@ -21,8 +21,9 @@ from zsim.network.communicator import Communicator
 from zsim.step.builder import build_program
 from zsim.step.engine import Engine
 from zsim.step.fixed_tp import tp_fixed_time
-from zsim.step.spans import EngineResult, FusedPass, Span
-from zsim.step.trace import RankTimes, rank_times
+from zsim.step.fold import find_fold, fold_result, fold_times, short_config
+from zsim.step.spans import EngineResult, Fold, FusedPass, Span
+from zsim.step.trace import RankTimes, rank_times, window_measures
 from zsim.workload.mechanisms import Mechanism
 from zsim.workload.model import ModelSpec
 from zsim.workload.parallel import ParallelConfig, Recompute
@@ -90,7 +91,10 @@ def step_flops(model: ModelSpec, cfg: ParallelConfig) -> tuple[float, float]:
     return 3 * forward, 3 * forward + replay
 
 
-def _rank_times(result: EngineResult, ranks: Iterable[int]) -> dict[int, RankTimes]:
+def _rank_times(
+    result: EngineResult, ranks: Iterable[int], fold: Fold | None = None
+) -> dict[int, RankTimes]:
+    """Each rank's times; with a fold, in the short step with the fold's periods added."""
     by_rank: dict[int, list[Span]] = {}
     for span in result.spans:
         by_rank.setdefault(span.rank, []).append(span)
@@ -98,7 +102,37 @@ def _rank_times(result: EngineResult, ranks: Iterable[int]) -> dict[int, RankTim
     for fused in result.passes:
         passes.setdefault(fused.rank, []).append(fused)
     step = result.end_s
-    return {r: rank_times(by_rank.get(r, []), passes.get(r, []), r, step) for r in ranks}
+    times = {}
+    for r in ranks:
+        own, own_passes = by_rank.get(r, []), passes.get(r, [])
+        times[r] = rank_times(own, own_passes, r, step)
+        if fold is not None:
+            window = window_measures(own, own_passes, r, *fold.window)
+            times[r] = fold_times(times[r], window, fold, step)
+    return times
+
+
+def _run(
+    model: ModelSpec,
+    parallel: ParallelConfig,
+    topology: Topology,
+    device: DeviceProfile,
+    full: bool,
+    slow: dict[int, float],
+) -> tuple[Engine, EngineResult]:
+    """The engine's run of `parallel`'s step, and the engine (a fold reads its task times)."""
+    grid = RankGrid(dp=parallel.dp, pp=parallel.pp, tp=parallel.tp)
+    gloo = topology.fabric.backend is Backend.GLOO
+    comms = Communicator(simpy.Environment(), topology)
+    # a straggler's passes are not the template's: no fused passes then
+    tp_time = None if slow else tp_fixed_time(grid, comms)
+    node = topology.gpus_per_node
+    programs = [
+        build_program(model, parallel, device, s, gloo, tp_time, node) for s in range(parallel.pp)
+    ]
+    block = _dp_block(parallel, node)
+    engine = Engine(programs, grid, comms, full=full, slowdown=slow, block=block)
+    return engine, engine.run()
 
 
 def critical_rank(times: Iterable[RankTimes], step_s: float) -> RankTimes:
@@ -159,9 +193,12 @@ def simulate(
     *,
     full: bool = False,
     stragglers: Mapping[int, float] | None = None,
+    fold: bool = True,
 ) -> Report:
     """Simulate one step. `full` simulates every rank instead of one per pipeline stage;
-    `stragglers` (rank -> factor, with `full`) runs those ranks' kernels that much slower."""
+    `stragglers` (rank -> factor, with `full`) runs those ranks' kernels that much slower.
+    `fold`: a long 1F1B pipeline's steady state is simulated once and repeated
+    (`zsim.step.fold`); its spans are then those of the short step (off for a trace)."""
     require(
         parallel.world_size == topology.world_size,
         "dp x tp x pp",
@@ -172,7 +209,7 @@ def simulate(
     slow = dict(stragglers or {})
     check_stragglers(slow, parallel.world_size, full)
     with _no_cycle_collection():
-        return _simulate(model, parallel, topology, device, full, slow)
+        return _simulate(model, parallel, topology, device, full, slow, fold)
 
 
 def _simulate(
@@ -182,6 +219,7 @@ def _simulate(
     device: DeviceProfile,
     full: bool,
     slow: dict[int, float],
+    fold: bool,
 ) -> Report:
     topology = without_nccl_effects(
         topology,
@@ -190,18 +228,19 @@ def _simulate(
     )
     topology = apply_profile(topology, device)  # a calibrated profile's links and call latency
     grid = RankGrid(dp=parallel.dp, pp=parallel.pp, tp=parallel.tp)
-    gloo = topology.fabric.backend is Backend.GLOO
-    comms = Communicator(simpy.Environment(), topology)
-    # a straggler's passes are not the template's: no fused passes then
-    tp_time = None if slow else tp_fixed_time(grid, comms)
-    node = topology.gpus_per_node
-    programs = [
-        build_program(model, parallel, device, s, gloo, tp_time, node) for s in range(parallel.pp)
-    ]
-    block = _dp_block(parallel, node)
-    result = Engine(programs, grid, comms, full=full, slowdown=slow, block=block).run()
+    stage_ranks = {*(grid.rank(0, s, 0) for s in range(parallel.pp)), *slow}
+    short = short_config(parallel) if fold else None
+    found = None
+    if short is not None:
+        engine, result = _run(model, short, topology, device, full, slow)
+        found = find_fold(engine, short.grad_accum, parallel.grad_accum - short.grad_accum)
+    if found is None:  # not folded: the whole step
+        engine, result = _run(model, parallel, topology, device, full, slow)
+        times = _rank_times(result, stage_ranks)
+    else:
+        result = fold_result(engine, result, found)
+        times = _rank_times(result, stage_ranks, found)
     step = result.end_s
-    times = _rank_times(result, {*(grid.rank(0, s, 0) for s in range(parallel.pp)), *slow})
     stages = tuple(times[grid.rank(0, s, 0)] for s in range(parallel.pp))
     flops, hw_flops = step_flops(model, parallel)
     peak = device.peak_flops.get(str(parallel.precision), 0.0)

@@ -195,7 +195,7 @@ def _simulated(call: str, layers: int, bare: DeviceProfile, topo: Topology) -> d
     else:
         stage = int(call.removeprefix("pipe" if pipe else "z"))
         case = (tiny_pipe_case if pipe else tiny_case)(stage, world)
-    report = simulate(call_model(call, layers), case, topo, bare)
+    report = simulate(call_model(call, layers), case, topo, bare, fold=False)  # reads spans
     spans = report.engine.all_spans()
     if not pipe:
         phases = simulated_phases(spans, 0, report.step_time_s)

@@ -296,7 +296,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
     device = _device(args, topology)
     stragglers = parse_stragglers(args.straggler or [])
-    report = simulate(model, cfg, topology, device, full=args.full, stragglers=stragglers)
+    fold = not (args.trace or args.plot)  # they show every task: no steady state repeated
+    full = args.full
+    report = simulate(model, cfg, topology, device, full=full, stragglers=stragglers, fold=fold)
     summary = render.run_report(model, cfg, topology.name, device, report)
     if args.trace:
         write_output(

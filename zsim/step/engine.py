@@ -11,15 +11,17 @@ when all members have reached them.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import simpy
 
-from zsim.cluster.grid import GroupKind, RankGrid
+from zsim.cluster.grid import RankGrid
 from zsim.network.collective import CollectiveCall, CollectiveOp
 from zsim.network.communicator import Communicator
+from zsim.step.groups import RankGroups
 from zsim.step.handover import replay, resume
 from zsim.step.prefix import Prefix, time_prefix
 from zsim.step.program import Comm, Group, Part, Program, Stream, Task
@@ -27,9 +29,6 @@ from zsim.step.spans import EngineResult, FusedPass, Span
 from zsim.step.traffic import Traffic
 
 _SendCalls = tuple[CollectiveCall, list[CollectiveCall]]  # a send and its replicas' sends
-# groups of `block` consecutive data-parallel ranks, and those of the ranks `block` apart
-_BLOCKS = (Group.HPZ, Group.SHARD, Group.NODE)
-_STRIDES = (Group.REPLICA, Group.ACROSS)
 
 
 @dataclass
@@ -38,7 +37,7 @@ class _Rendezvous:
     done: simpy.Event | None = None
 
 
-class Engine:
+class Engine(RankGroups):
     def __init__(
         self,
         programs: Sequence[Program],
@@ -49,124 +48,38 @@ class Engine:
         slowdown: Mapping[int, float] | None = None,
         block: int = 1,
     ) -> None:
+        super().__init__(grid, comms, full, block)
         self.env = comms.env
         self.slowdown = dict(slowdown or {})  # rank -> factor on its kernels (a straggler)
-        self.comms = comms
-        self.grid = grid
         self.v = virtual_stages
-        self.full = full
-        # consecutive data-parallel ranks: ZeRO++'s secondary partition or qgZ's node, FSDP's
-        # hybrid shard
-        self.block = max(1, block)
         self.spans: list[Span] = []
         self.passes: list[FusedPass] = []
-        self.ranks = self._simulated_ranks()
-        self.simulated = set(self.ranks)
         # rank -> by task index, the event of its end (None: it ended in the prefix)
         self.done: dict[int, list[simpy.Event | None]] = {}
         self.pending: dict[tuple[object, ...], _Rendezvous] = {}
         self.arrivals: dict[tuple[int, str], simpy.Event] = {}
         self.calls: dict[tuple[int, Group, Stream], itertools.count[int]] = {}
         self.traffic = Traffic(comms, self.simulated)
-        self.coord = {
-            grid.rank(d, p, t): (d, p, t)
-            for d, p, t in itertools.product(range(grid.dp), range(grid.pp), range(grid.tp))
-        }
-        self._replicas: dict[tuple[int, Group], list[tuple[int, ...]]] = {}
-        self._groups: dict[tuple[int, Group], tuple[int, ...]] = {}
-        self._interned: dict[tuple[int, ...], tuple[int, ...]] = {}
-        self._contending: dict[tuple[int, CollectiveOp], list[tuple[int, ...]]] = {}
         self.programs = programs
+        # rank -> by task index, when each task started and ended (its launch, for a collective)
+        self.task_start: dict[int, list[float]] = {}
+        self.task_end: dict[int, list[float]] = {}
         self._sends: dict[tuple[int, int], list[tuple[int, int]]] = {}
-        self._peers: dict[tuple[int, int], int] = {}
         self._send_calls: dict[tuple[int, float, int], _SendCalls] = {}
         self._expected: dict[int, int] = {}
         # (op, bytes, id of a cached group, root) -> the call, holding the group alive
         self._calls: dict[tuple[object, ...], tuple[CollectiveCall, tuple[int, ...]]] = {}
-
-    def _simulated_ranks(self) -> tuple[int, ...]:
-        g = self.grid
-        if self.full:
-            return tuple(range(g.world_size))
-        return tuple(g.rank(0, s, 0) for s in range(g.pp))
-
-    def coords(self, rank: int) -> tuple[int, int, int]:
-        """(dp_i, pp_i, tp_i) of a rank."""
-        return self.coord[rank]
-
-    # ---- groups ----
-
-    def group_of(self, rank: int, group: Group) -> tuple[int, ...]:
-        key = (rank, group)
-        if key not in self._groups:  # one tuple per group, shared by its members' lookups
-            members = self._members(rank, group)
-            self._groups[key] = self._interned.setdefault(members, members)
-        return self._groups[key]
-
-    def _members(self, rank: int, group: Group) -> tuple[int, ...]:
-        dp_i, pp_i, tp_i = self.coords(rank)
-        g = self.grid
-        if group is Group.TP:
-            return tuple(g.rank(dp_i, pp_i, t) for t in range(g.tp))
-        if group is Group.DP:
-            return tuple(g.rank(d, pp_i, tp_i) for d in range(g.dp))
-        if group is Group.EMBEDDING:
-            return (g.rank(dp_i, 0, tp_i), g.rank(dp_i, g.pp - 1, tp_i))
-        if group in _BLOCKS:
-            first = dp_i - dp_i % self.block
-            return tuple(g.rank(d, pp_i, tp_i) for d in range(first, first + self.block))
-        if group in _STRIDES:
-            return tuple(g.rank(d, pp_i, tp_i) for d in range(dp_i % self.block, g.dp, self.block))
-        return tuple(g.rank(dp_i, p, tp_i) for p in range(g.pp))
-
-    def copies(self, rank: int, group: Group) -> int:
-        """How many groups one call of `rank`'s stands for: its own and, in symmetric mode, the
-        same call in the groups of the ranks not simulated."""
-        return 1 + len(self.replicas(rank, group))
-
-    def replicas(self, rank: int, group: Group) -> list[tuple[int, ...]]:
-        """The same collective in the groups of the ranks not simulated (symmetric mode)."""
-        if self.full:
-            return []
-        if (rank, group) not in self._replicas:
-            self._replicas[(rank, group)] = self._find_replicas(rank, group)
-        return self._replicas[(rank, group)]
-
-    def contending_replicas(self, members: tuple[int, ...], comm: Comm) -> list[tuple[int, ...]]:
-        """Replica groups whose flows would share a link with this collective's."""
-        key = (id(members), comm.op)  # groups are cached tuples: no hashing of all members
-        if key not in self._contending:
-            self._contending[key] = [
-                grp
-                for grp in self.replicas(members[0], comm.group)
-                if self.comms.shares_links(comm.op, members, grp)
-            ]
-        return self._contending[key]
-
-    def _find_replicas(self, rank: int, group: Group) -> list[tuple[int, ...]]:
-        _, pp_i, _ = self.coords(rank)
-        kind = {Group.TP: GroupKind.TP, Group.DP: GroupKind.DP}.get(group)
-        mine = self.group_of(rank, group)
-        if group in _BLOCKS or group in _STRIDES:
-            g = self.grid
-            firsts = range(self.block) if group in _STRIDES else range(0, g.dp, self.block)
-            pairs = itertools.product(firsts, range(g.tp))
-            blocks = [self.group_of(g.rank(d, pp_i, t), group) for d, t in pairs]
-            return [grp for grp in blocks if grp != mine]
-        if kind is None:  # embedding groups: one per (dp, tp) pair
-            pairs = itertools.product(range(self.grid.dp), range(self.grid.tp))
-            others: list[tuple[int, ...]] = [
-                (self.grid.rank(d, 0, t), self.grid.rank(d, self.grid.pp - 1, t)) for d, t in pairs
-            ]
-        else:
-            others = [grp for grp in self.grid.groups(kind) if self.coords(grp[0])[1] == pp_i]
-        return [grp for grp in others if grp != mine]
 
     # ---- running ----
 
     def run(self) -> EngineResult:
         """The fixed-time prefix as a longest path (`zsim.step.prefix`), the rest on simpy."""
         prefix = time_prefix(self)
+        self.task_start, self.task_end = prefix.start, prefix.end  # the loop completes them
+        for rank in self.ranks:  # a prefix may leave ranks out: none of their tasks timed
+            tasks = len(self.programs[self.coords(rank)[1]].tasks)
+            self.task_start.setdefault(rank, [math.nan] * tasks)
+            self.task_end.setdefault(rank, [math.nan] * tasks)
         if prefix.cut_s > 0:
             self.env.run(until=prefix.cut_s)
         running = replay(self, prefix)
@@ -242,6 +155,8 @@ class Engine:
         """A fused task: its template of parts, shifted to its start; its collectives'
         traffic is booked here."""
         self.traffic.book_pass(rank, task.parts, self.pass_calls)
+        self.task_start[rank][task.index] = start
+        self.task_end[rank][task.index] = start + task.duration_s
         self.passes.append(
             FusedPass(
                 rank,
@@ -267,6 +182,7 @@ class Engine:
 
     def record(self, rank: int, task: Task, start: float, end: float) -> None:
         nbytes = task.comm.nbytes if task.comm else 0.0
+        self.task_start[rank][task.index], self.task_end[rank][task.index] = start, end
         self.spans.append(
             Span(rank, task.stream, task.name, str(task.category), start, end, nbytes)
         )
@@ -326,8 +242,7 @@ class Engine:
     def launch(
         self, task: Task, comm: Comm, members: tuple[int, ...], done: simpy.Event
     ) -> Generator[simpy.Event, None, None]:
-        call = self.call(comm.op, comm.nbytes, members, comm.root)
-        self.traffic.book(call, task.category, copies=self.copies(members[0], comm.group))
+        call = self.book_collective(self.traffic, task, members)
         replicas = [
             self.call(comm.op, comm.nbytes, group, comm.root)
             for group in self.contending_replicas(members, comm)
@@ -353,14 +268,6 @@ class Engine:
             self._sends[key] = self.comms.sharing_pairs(mine, pairs)
         return self._sends[key]
 
-    def peer(self, rank: int, offset: int) -> int:
-        found = self._peers.get((rank, offset))
-        if found is None:  # asked for every send and receive: kept
-            dp_i, pp_i, tp_i = self.coords(rank)
-            found = self.grid.rank(dp_i, (pp_i + offset) % self.grid.pp, tp_i)
-            self._peers[(rank, offset)] = found
-        return found
-
     def send_calls(self, rank: int, comm: Comm) -> tuple[CollectiveCall, list[CollectiveCall]]:
         """A pipeline send's call, and the same send of the other (dp, tp) replicas whose
         flows share its links (kept: a pipeline repeats its sends)."""
@@ -376,13 +283,40 @@ class Engine:
             self._send_calls[key] = (call, replicas)
         return self._send_calls[key]
 
-    def book_send(self, rank: int, task: Task, times: int = 1) -> None:
+    def book_send(
+        self, rank: int, task: Task, times: int = 1, traffic: Traffic | None = None
+    ) -> None:
         """A pipeline send's traffic (`times` the same), for every (dp, tp) replica it stands
         for."""
         assert task.comm is not None
         call = self.send_calls(rank, task.comm)[0]
         copies = 1 if self.full else self.grid.dp * self.grid.tp
-        self.traffic.book(call, task.category, rank, copies, times)
+        (traffic or self.traffic).book(call, task.category, rank, copies, times)
+
+    def book_task(self, traffic: Traffic, rank: int, task: Task) -> None:
+        """What one task of `rank`'s booked in the run, booked again to `traffic` (a
+        collective by the first simulated member of its group, as it launched once)."""
+        comm = task.comm
+        if task.parts:
+            traffic.book_pass(rank, task.parts, self.pass_calls)
+        elif comm is None or task.receives:
+            return
+        elif comm.op is CollectiveOp.SEND_RECV:
+            self.book_send(rank, task, traffic=traffic)
+        else:
+            members = self.group_of(rank, comm.group)
+            if rank == next(r for r in members if r in self.simulated):
+                self.book_collective(traffic, task, members)
+
+    def book_collective(
+        self, traffic: Traffic, task: Task, members: tuple[int, ...]
+    ) -> CollectiveCall:
+        """A collective's traffic, for its group and the replica groups it stands for."""
+        comm = task.comm
+        assert comm is not None
+        call = self.call(comm.op, comm.nbytes, members, comm.root)
+        traffic.book(call, task.category, copies=self.copies(members[0], comm.group))
+        return call
 
     def send(self, rank: int, task: Task) -> simpy.Event:
         assert task.comm is not None

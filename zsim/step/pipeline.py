@@ -136,6 +136,7 @@ def megatron_schedule(job: StageJob, writer: ProgramWriter, run_pass: RunPass) -
     ready: dict[str, Task] = {}
     sent: list[Task] = []  # a blocking send the next pass waits for
     for work in pipeline_order(job.cfg, job.stage):
+        writer.micro_batch(work.micro_batch)
         virtual = work.chunk * p + job.stage
         tag = _tag(work)
         deps, sent = sent, []
@@ -153,6 +154,7 @@ def megatron_schedule(job: StageJob, writer: ProgramWriter, run_pass: RunPass) -
         if not work.forward and not first:
             sent = [writer.send(f"grad{work.micro_batch}v{virtual - 1}", act, -1, [done], stream)]
         sent = sent if stream is Stream.COMPUTE else []
+    writer.micro_batch(-1)
     return ready
 
 
@@ -238,6 +240,7 @@ def deepspeed_schedule(
         return [task] if blocking else deps
 
     for command, mb in deepspeed_train_commands(job.cfg.pp, job.cfg.grad_accum, s):
+        writer.micro_batch(mb)
         if command is PipeCommand.RECV_ACTIVATION:
             cursor = [*cursor, writer.recv(f"act{mb}v{s}", message, -1)]
         elif command is PipeCommand.RECV_GRAD:
@@ -257,6 +260,7 @@ def deepspeed_schedule(
             ready[tag] = run_pass(work, deps, tag)
             keeps = (work.forward and not last) or (not work.forward and s > 0)
             cursor = part.split(tag, [ready[tag]]) if keeps else [ready[tag]]
+    writer.micro_batch(-1)
     return ready
 
 

@@ -92,6 +92,7 @@ class Task:
     receives: bool = False  # a recv: completes when the matching send's data has arrived
     index: int = 0
     parts: tuple[Part, ...] = ()  # set when consecutive fixed-time tasks were fused
+    micro_batch: int = -1  # the micro-batch whose pipeline work issued it (-1: the step's)
 
     def __repr__(self) -> str:
         return f"Task({self.index}:{self.name})"
@@ -103,10 +104,12 @@ class Program:
 
     stage: int
     tasks: list[Task] = field(default_factory=list)
+    micro_batch: int = -1  # stamped on the tasks added (`ProgramWriter.micro_batch`)
     _streams: dict[Stream, list[Task]] | None = field(default=None, repr=False, compare=False)
 
     def add(self, task: Task) -> Task:
         task.index = len(self.tasks)
+        task.micro_batch = self.micro_batch
         self.tasks.append(task)
         self._streams = None
         return task
@@ -193,6 +196,10 @@ class ProgramWriter:
         self.device = device
         self.dtype = dtype
         self.gloo = gloo
+
+    def micro_batch(self, index: int) -> None:
+        """The micro-batch the tasks added from now on work for (-1: the step as a whole)."""
+        self.program.micro_batch = index
 
     def compute(
         self,

@@ -54,6 +54,20 @@ class FusedPass(NamedTuple):
         ]
 
 
+@dataclass(frozen=True)
+class Fold:
+    """A pipeline's steady state repeated (`zsim.step.fold`): `periods` periods of `period_s`
+    inserted at `at_s` of the short step simulated, each a copy of the period before it."""
+
+    periods: int
+    period_s: float
+    at_s: float
+
+    @property
+    def window(self) -> tuple[float, float]:
+        return self.at_s - self.period_s, self.at_s
+
+
 @dataclass
 class EngineResult:
     spans: list[Span]  # one per task run as itself (not the fused passes' parts)
@@ -62,6 +76,8 @@ class EngineResult:
     traffic_bytes: dict[str, float] = field(default_factory=dict)  # sent, by category, per rank
     link_bytes: dict[str, float] = field(default_factory=dict)  # by link class, whole cluster
     passes: list[FusedPass] = field(default_factory=list)
+    # set where the step was folded: then `spans` and `passes` are the short step's
+    fold: Fold | None = None
 
     def all_spans(self) -> list[Span]:
         """Every task's span and every fused pass's parts as spans."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -78,21 +78,46 @@ def rank_times(
     spans: Sequence[Span], passes: Sequence[FusedPass], rank: int, step_s: float
 ) -> RankTimes:
     """Where `rank`'s step went; `spans` and `passes` may be all ranks' or (faster) only its."""
-    compute, comm = _gather(spans, passes, rank)
-    every_comm = _Intervals()
-    for intervals in comm.values():
-        every_comm.extend(intervals)
-    segments, computing, communicating = _boundaries(*compute.arrays(), *every_comm.arrays())
-    compute_s = float(segments[computing].sum())
-    exposed = float(segments[communicating & ~computing].sum())
+    measured = _measure(*_gather(spans, passes, rank))
+    compute_s, exposed = measured.compute_s, measured.exposed_comm_s
     ends = [s.end_s for s in spans if s.rank == rank] + [p.end_s for p in passes if p.rank == rank]
     return RankTimes(
         rank,
         compute_s,
         exposed,
         max(0.0, step_s - compute_s - exposed),
-        float(segments[communicating].sum()),
+        measured.comm_total_s,
         max(ends, default=0.0),
+        measured.exposed_by_category,
+    )
+
+
+class Measures(NamedTuple):
+    """A rank's compute, exposed and total communication over some time (`RankTimes`)."""
+
+    compute_s: float
+    exposed_comm_s: float
+    comm_total_s: float
+    exposed_by_category: dict[str, float]
+
+
+def window_measures(
+    spans: Sequence[Span], passes: Sequence[FusedPass], rank: int, lo: float, hi: float
+) -> Measures:
+    """`rank`'s measures over [lo, hi) alone: its work clipped to the window."""
+    compute, comm = _gather(spans, passes, rank)
+    return _measure(compute.clip(lo, hi), {k: iv.clip(lo, hi) for k, iv in comm.items()})
+
+
+def _measure(compute: _Intervals, comm: dict[str, _Intervals]) -> Measures:
+    every_comm = _Intervals()
+    for intervals in comm.values():
+        every_comm.extend(intervals)
+    segments, computing, communicating = _boundaries(*compute.arrays(), *every_comm.arrays())
+    return Measures(
+        float(segments[computing].sum()),
+        float(segments[communicating & ~computing].sum()),
+        float(segments[communicating].sum()),
         {category: _exposed(iv, compute) for category, iv in sorted(comm.items())},
     )
 
@@ -157,6 +182,15 @@ class _Intervals:
         if not self.starts:
             return np.zeros(0), np.zeros(0)
         return np.concatenate(self.starts), np.concatenate(self.ends)
+
+    def clip(self, lo: float, hi: float) -> _Intervals:
+        """The parts of the intervals inside [lo, hi), as one block."""
+        starts, ends = self.arrays()
+        starts, ends = np.maximum(starts, lo), np.minimum(ends, hi)
+        inside = ends > starts
+        clipped = _Intervals()
+        clipped.starts, clipped.ends = [starts[inside]], [ends[inside]]
+        return clipped
 
 
 def _template(p: FusedPass) -> Template:
