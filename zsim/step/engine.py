@@ -54,8 +54,9 @@ class Engine(RankGroups):
         self.v = virtual_stages
         self.spans: list[Span] = []
         self.passes: list[FusedPass] = []
-        # rank -> by task index, the event of its end (None: it ended in the prefix)
-        self.done: dict[int, list[simpy.Event | None]] = {}
+        # rank -> by task index, whether it has ended; the end events someone waits for
+        self.ended: dict[int, list[bool]] = {}
+        self._ends: dict[tuple[int, int], simpy.Event] = {}
         self.pending: dict[tuple[object, ...], _Rendezvous] = {}
         self.arrivals: dict[tuple[int, str], simpy.Event] = {}
         self.calls: dict[tuple[int, Group, Stream], itertools.count[int]] = {}
@@ -85,22 +86,20 @@ class Engine(RankGroups):
         running = replay(self, prefix)
         for rank in self.ranks:
             program = self.programs[self.coords(rank)[1]]
-            ended = prefix.finished_mask(rank, len(program.tasks))
-            # by task index, the event of its end (None: the prefix ended it)
-            done = self.done[rank] = [None if e else self.env.event() for e in ended]
+            ended = self.ended[rank] = prefix.finished_mask(rank, len(program.tasks))
             resumed = {i for r, i in running if r == rank}
             for task in program.tasks:  # in issue order, as the processes start
                 if task.index in resumed:
                     start = prefix.start[rank][task.index]
                     end = running[(rank, task.index)]
                     self.env.process(resume(self, rank, task, start, end))
-                elif task.receives and done[task.index] is not None:
-                    self.env.process(self.receive(rank, task))
+                elif task.receives and not ended[task.index]:
+                    self.receive(rank, task)
             for stream_tasks in program.streams().values():
                 self._start_stream(rank, stream_tasks, prefix)
         self.env.run()
-        ends = self.done.items()
-        unfinished = [(r, i) for r, ev in ends for i, e in enumerate(ev) if e and not e.triggered]
+        ends = self.ended.items()
+        unfinished = [(r, i) for r, ended in ends for i, e in enumerate(ended) if not e]
         if unfinished:
             raise RuntimeError(f"deadlock: {len(unfinished)} tasks never ran, e.g. {unfinished[0]}")
         per_rank = {k: v / len(self.ranks) for k, v in self.traffic.sent.items()}
@@ -115,7 +114,8 @@ class Engine(RankGroups):
             ran += 1
         if ran == len(tasks):
             return
-        running = self.done[rank][tasks[ran - 1].index] if ran else None
+        last = tasks[ran - 1].index if ran else None
+        running = None if last is None or self.ended[rank][last] else self.end(rank, last)
         self.env.process(self.stream(rank, tasks[ran:], running))
 
     def stream(
@@ -124,11 +124,11 @@ class Engine(RankGroups):
         """One stream of one rank: its tasks in issue order, each after its dependencies;
         `running`: the end of the prefix's task still running at the cut, if any (the stream
         is free when it ends)."""
-        done = self.done[rank]
+        ended = self.ended[rank]
         if running is not None and not running.processed:
             yield running
         for task in tasks:
-            waiting = [e for d in task.deps if (e := done[d.index]) is not None and not e.processed]
+            waiting = [self.end(rank, d.index) for d in task.deps if not ended[d.index]]
             if waiting:  # dependencies already done cost no event
                 yield waiting[0] if len(waiting) == 1 else self.env.all_of(waiting)
             start = self.env.now
@@ -187,14 +187,31 @@ class Engine(RankGroups):
             Span(rank, task.stream, task.name, str(task.category), start, end, nbytes)
         )
 
-    def finish(self, rank: int, task: Task) -> None:
-        event = self.done[rank][task.index]
-        assert event is not None  # tasks the prefix finished have no event
-        event.succeed()
+    def end(self, rank: int, index: int) -> simpy.Event:
+        """The event of a task's end, made when a task first waits for it (most tasks'
+        ends nobody waits for: the next task of their stream starts after them anyway)."""
+        key = (rank, index)
+        found = self._ends.get(key)
+        if found is None:
+            found = self._ends[key] = self.env.event()
+        return found
 
-    def receive(self, rank: int, task: Task) -> Generator[simpy.Event, float, None]:
+    def finish(self, rank: int, task: Task) -> None:
+        assert not self.ended[rank][task.index]  # tasks end once
+        self.ended[rank][task.index] = True
+        event = self._ends.pop((rank, task.index), None)
+        if event is not None:
+            event.succeed()
+
+    def receive(self, rank: int, task: Task) -> None:
+        """A receive ends when its data has arrived: a callback on the arrival (as a process
+        waiting for it would resume then, without the process)."""
         assert task.comm is not None  # recv tasks always carry their comm
-        sent_at = yield self.arrival(rank, task.comm.tag)
+        arrival = self.arrival(rank, task.comm.tag)
+        assert arrival.callbacks is not None  # its send is still to come or in flight
+        arrival.callbacks.append(lambda event: self._received(rank, task, event.value))
+
+    def _received(self, rank: int, task: Task, sent_at: float) -> None:
         self.record(rank, task, sent_at, self.env.now)  # waiting for the sender is idle time
         self.finish(rank, task)
 
