@@ -79,8 +79,16 @@ class ActiveCohorts(Generic[C]):
         return found | {k for k in small if overlap(flow_set, self._cohorts[k].flow_set)}
 
     def shares(self, flow_set: int) -> bool:
-        """Whether any active cohort shares a capacity with this flow set."""
-        return bool(self.neighbours(flow_set))
+        """Whether any active cohort shares a capacity with this flow set (`neighbours`,
+        stopping at the first)."""
+        resources = self._of(flow_set)
+        if resources is None:
+            return bool(self.neighbours(flow_set))
+        held = self._by_resource  # a capacity is a key while some cohort holds it
+        if any(r in held for r in resources):
+            return True
+        overlap = self.sets.overlap
+        return any(overlap(flow_set, self._cohorts[b].flow_set) for b in self._big)
 
     def small_resources(self, flow_set: int) -> tuple[int, ...] | None:
         """The capacities of a flow set drawing on few (None for a big one)."""

@@ -80,6 +80,11 @@ class LoneTransfers:
             if self._by_resource.get(r) is lone:
                 del self._by_resource[r]
 
+    def holds_any(self, resources: tuple[int, ...]) -> bool:
+        """Whether a transfer draws on any of these capacities (`on`, stopping at the first)."""
+        held = self._by_resource
+        return any(r in held for r in resources)
+
     def on(self, resources: tuple[int, ...]) -> list[Lone]:
         """The transfers drawing on any of these capacities."""
         found = {id(lone): lone for r in resources if (lone := self._by_resource.get(r))}

@@ -85,6 +85,9 @@ def _nccl_send(call: CollectiveCall) -> bool:
     )
 
 
+_Lone = tuple[int, int, float, float, tuple[tuple[int, int], ...]]  # see `lone_send`
+
+
 class Communicator:
     """Collectives and point-to-point transfers on one shared flow network."""
 
@@ -98,6 +101,7 @@ class Communicator:
         self._plans: dict[CollectiveCall, Plan] = {}
         self._links: dict[CollectiveCall, frozenset[int]] = {}
         self._class_bytes: dict[CollectiveCall, FloatArray] = {}
+        self._sends: dict[tuple[CollectiveCall, int], tuple[_Lone | None, object]] = {}
         self._reaches: dict[tuple[int, ...], frozenset[int]] = {}
         # NCCL plans a send_recv as one flow from the first member to the second with no local
         # work (`patterns.point_to_point`): the copies of a send need no plan of their own
@@ -128,7 +132,11 @@ class Communicator:
         """A point-to-point send, timed alone while nothing shares its links
         (`FlowNetwork.transfer_alone`) when its plan and its copies' are one flow and no local
         work; the event fires when it has arrived. `alongside`: the same send on other ranks."""
-        alone = self.lone_send(call, alongside)
+        key = (call, id(alongside))  # a pipeline repeats its sends, with the same copies
+        found = self._sends.get(key)
+        if found is None:  # kept with the copies it was asked with, so their id stays theirs
+            found = self._sends[key] = (self.lone_send(call, alongside), alongside)
+        alone = found[0]
         if alone is None:
             return self.run(call, alongside)
         src, dst, nbytes, delay_s, pairs = alone
@@ -136,7 +144,7 @@ class Communicator:
 
     def lone_send(
         self, call: CollectiveCall, alongside: Sequence[CollectiveCall] = ()
-    ) -> tuple[int, int, float, float, tuple[tuple[int, int], ...]] | None:
+    ) -> _Lone | None:
         """(source, destination, bytes, call latency, the copies' pairs) of a send that may be
         timed alone: its plan and its copies' are one flow each with no local work (None
         otherwise, or with `exact_steps`)."""

@@ -180,7 +180,7 @@ class FlowNetwork:
             terms is None
             or nbytes <= 0
             or any(self._index.shares(f) for f in terms.flow_sets)
-            or (self._lone.on(terms.resources))
+            or self._lone.holds_any(terms.resources)
         ):
             for other in self._lone.on(terms.resources if terms else ()):
                 self._convert(other)  # two sends on one capacity: both are flows

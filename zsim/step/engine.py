@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import simpy
@@ -22,7 +23,7 @@ from zsim.cluster.grid import RankGrid
 from zsim.network.collective import CollectiveCall, CollectiveOp
 from zsim.network.communicator import Communicator
 from zsim.step.groups import RankGroups
-from zsim.step.handover import replay, resume
+from zsim.step.handover import Tally, replay, resume
 from zsim.step.prefix import Prefix, time_prefix
 from zsim.step.program import Comm, Group, Part, Program, Stream, Task
 from zsim.step.spans import EngineResult, FusedPass, Span
@@ -58,9 +59,11 @@ class Engine(RankGroups):
         self.ended: dict[int, list[bool]] = {}
         self._ends: dict[tuple[int, int], simpy.Event] = {}
         self.pending: dict[tuple[object, ...], _Rendezvous] = {}
-        self.arrivals: dict[tuple[int, str], simpy.Event] = {}
+        # (rank, tag) -> what ends the rank's receive of that tag when its data arrives
+        self.receivers: dict[tuple[int, str], Callable[[float], None]] = {}
         self.calls: dict[tuple[int, Group, Stream], itertools.count[int]] = {}
         self.traffic = Traffic(comms, self.simulated)
+        self.tally = Tally()  # the passes' and sends' traffic, booked once per kind at the end
         self.programs = programs
         # rank -> by task index, when each task started and ended (its launch, for a collective)
         self.task_start: dict[int, list[float]] = {}
@@ -102,6 +105,7 @@ class Engine(RankGroups):
         unfinished = [(r, i) for r, ended in ends for i, e in enumerate(ended) if not e]
         if unfinished:
             raise RuntimeError(f"deadlock: {len(unfinished)} tasks never ran, e.g. {unfinished[0]}")
+        self.tally.book(self)
         per_rank = {k: v / len(self.ranks) for k, v in self.traffic.sent.items()}
         links = self.traffic.by_link_class()
         return EngineResult(self.spans, self.env.now, self.ranks, per_rank, links, self.passes)
@@ -153,8 +157,8 @@ class Engine(RankGroups):
 
     def record_parts(self, rank: int, task: Task, start: float) -> None:
         """A fused task: its template of parts, shifted to its start; its collectives'
-        traffic is booked here."""
-        self.traffic.book_pass(rank, task.parts, self.pass_calls)
+        traffic tallied."""
+        self.tally.add_pass(rank, task.parts)
         self.task_start[rank][task.index] = start
         self.task_end[rank][task.index] = start + task.duration_s
         self.passes.append(
@@ -204,22 +208,19 @@ class Engine(RankGroups):
             event.succeed()
 
     def receive(self, rank: int, task: Task) -> None:
-        """A receive ends when its data has arrived: a callback on the arrival (as a process
-        waiting for it would resume then, without the process)."""
+        """A receive ends when its data has arrived (`deliver`), with no process or event of
+        its own: the send's end ends it."""
         assert task.comm is not None  # recv tasks always carry their comm
-        arrival = self.arrival(rank, task.comm.tag)
-        assert arrival.callbacks is not None  # its send is still to come or in flight
-        arrival.callbacks.append(lambda event: self._received(rank, task, event.value))
+        self.receivers[(rank, task.comm.tag)] = partial(self._received, rank, task)
 
     def _received(self, rank: int, task: Task, sent_at: float) -> None:
         self.record(rank, task, sent_at, self.env.now)  # waiting for the sender is idle time
         self.finish(rank, task)
 
-    def arrival(self, rank: int, tag: str) -> simpy.Event:
-        key = (rank, tag)
-        if key not in self.arrivals:
-            self.arrivals[key] = self.env.event()
-        return self.arrivals[key]
+    def deliver(self, rank: int, tag: str, sent_at: float) -> None:
+        """A send's data has arrived at `rank`: its receive ends (it learns when the data
+        left: waiting for the sender is idle time)."""
+        self.receivers.pop((rank, tag))(sent_at)
 
     def communicate(self, rank: int, task: Task) -> simpy.Event:
         comm = task.comm
@@ -337,13 +338,9 @@ class Engine(RankGroups):
 
     def send(self, rank: int, task: Task) -> simpy.Event:
         assert task.comm is not None
-        self.book_send(rank, task)
+        self.tally.add_send(rank, task)
         call, replicas = self.send_calls(rank, task.comm)
         transfer = self.comms.send(call, replicas)
-        arrival, sent_at = self.arrival(call.group[1], task.comm.tag), self.env.now
-        transfer.callbacks.append(lambda _: _arrived(arrival, sent_at))
+        peer, tag, sent_at = call.group[1], task.comm.tag, self.env.now
+        transfer.callbacks.append(lambda _: self.deliver(peer, tag, sent_at))
         return transfer
-
-
-def _arrived(arrival: simpy.Event, sent_at: float) -> None:
-    arrival.succeed(sent_at)  # the receiver learns when the data left

@@ -1,9 +1,10 @@
 """Handing a step over from its fixed-time prefix (`zsim.step.prefix`) to the event loop.
 
-The tasks the prefix ran are recorded and booked as the event loop would have done it (their
-spans, fused passes, pipeline traffic and the network's booked bytes; repeated bookings summed
-once per kind); those still running at the cut end in the event loop: compute after the time it
-has left, a send as the lone transfer it was, so a flow that later comes onto its links finds it.
+The tasks the prefix ran are recorded as the event loop would have done it (their spans and
+fused passes; their pipeline traffic and the network's booked bytes tallied, booked once per
+kind with the event loop's at the end); those still running at the cut end in the event
+loop: compute after the time it has left, a send as the lone transfer it was, so a flow that
+later comes onto its links finds it.
 """
 
 from __future__ import annotations
@@ -29,34 +30,30 @@ class Engine(fixed.Engine, Protocol):
     env: simpy.Environment
     passes: list[FusedPass]
     traffic: Traffic
+    tally: Tally
 
     def pass_calls(
         self, rank: int, parts: tuple[Part, ...]
     ) -> list[tuple[CollectiveCall, int]]: ...
     def record(self, rank: int, task: Task, start: float, end: float) -> None: ...
     def book_send(self, rank: int, task: Task, times: int = 1) -> None: ...
-    def arrival(self, rank: int, tag: str) -> simpy.Event: ...
+    def deliver(self, rank: int, tag: str, sent_at: float) -> None: ...
     def finish(self, rank: int, task: Task) -> None: ...
 
 
 def replay(engine: Engine, prefix: Prefix) -> dict[Key, simpy.Event]:
-    """Record and book every task the prefix ran; the end events of those still running."""
+    """Record every task the prefix ran, tallying what it books; the end events of those
+    still running."""
     running: dict[Key, simpy.Event] = {}
-    tally = _Tally()
     for rank in engine.ranks:
-        _replay_rank(engine, prefix, rank, running, tally)
-    for (rank, template), times in Counter(tally.passes).items():
-        engine.traffic.book_pass(rank, tally.templates[template], engine.pass_calls, times)
-    for kind, times in Counter(tally.sends).items():
-        engine.book_send(kind[0], tally.kinds[kind], times)
-    for (flow_set, nbytes), times in Counter(tally.alone).items():
-        engine.comms.network.booked.book(flow_set, nbytes, times)
+        _replay_rank(engine, prefix, rank, running, engine.tally)
     return running
 
 
 @dataclass
-class _Tally:
-    """What the prefix's tasks book, one entry per task, counted by kind once at the end."""
+class Tally:
+    """What a step's fused passes and sends book, one entry per task, counted by kind and
+    booked once at the end (`book`): a pipeline repeats a few kinds thousands of times."""
 
     passes: list[tuple[int, int]] = field(default_factory=list)  # (rank, id of its parts)
     templates: dict[int, tuple[Part, ...]] = field(default_factory=dict)
@@ -64,9 +61,30 @@ class _Tally:
     kinds: dict[tuple[int, float, int, str], Task] = field(default_factory=dict)
     alone: list[tuple[int, float]] = field(default_factory=list)  # (flow set, bytes) arrived
 
+    def add_pass(self, rank: int, parts: tuple[Part, ...]) -> None:
+        self.passes.append((rank, id(parts)))
+        self.templates[id(parts)] = parts
+
+    def add_send(self, rank: int, task: Task) -> None:
+        assert task.comm is not None
+        kind = (rank, task.comm.nbytes, task.comm.peer, str(task.category))
+        self.sends.append(kind)
+        self.kinds[kind] = task
+
+    def book(self, engine: Engine) -> None:
+        """Book every entry: the passes' collectives and the sends to the engine's traffic,
+        the prefix's sends that arrived to the network's booked bytes."""
+        for (rank, template), times in Counter(self.passes).items():
+            engine.traffic.book_pass(rank, self.templates[template], engine.pass_calls, times)
+        for kind, times in Counter(self.sends).items():
+            engine.book_send(kind[0], self.kinds[kind], times)
+        for (flow_set, nbytes), times in Counter(self.alone).items():
+            engine.comms.network.booked.book(flow_set, nbytes, times)
+        self.passes, self.sends, self.alone = [], [], []
+
 
 def _replay_rank(
-    engine: Engine, prefix: Prefix, rank: int, running: dict[Key, simpy.Event], tally: _Tally
+    engine: Engine, prefix: Prefix, rank: int, running: dict[Key, simpy.Event], tally: Tally
 ) -> None:
     ran = prefix.ran_indices(rank)
     if not ran:
@@ -78,8 +96,7 @@ def _replay_rank(
         task, start, end = tasks[index], starts[index], ends[index]
         finished = end < cut
         if task.parts:
-            tally.passes.append((rank, id(task.parts)))
-            tally.templates[id(task.parts)] = task.parts
+            tally.add_pass(rank, task.parts)
             passes.append(_fused(rank, task, start))
         elif task.receives:
             if finished:
@@ -87,9 +104,7 @@ def _replay_rank(
             continue
         elif task.comm is not None:
             send = prefix.sends[(rank, index)]
-            kind = (rank, task.comm.nbytes, task.comm.peer, str(task.category))
-            tally.sends.append(kind)
-            tally.kinds[kind] = task
+            tally.add_send(rank, task)
             if not finished:
                 running[(rank, index)] = continue_send(engine, rank, task, send)
                 continue
@@ -111,13 +126,9 @@ def continue_send(engine: Engine, rank: int, task: Task, send: LoneSend) -> simp
     assert task.comm is not None
     event = engine.env.event()
     engine.comms.network.resume_alone(send.terms, send.nbytes, send.data_at, send.ends, event)
-    arrival = engine.arrival(engine.peer(rank, task.comm.peer), task.comm.tag)
-    event.callbacks.append(lambda _: _arrived(arrival, send.start))
+    peer, tag = engine.peer(rank, task.comm.peer), task.comm.tag
+    event.callbacks.append(lambda _: engine.deliver(peer, tag, send.start))
     return event
-
-
-def _arrived(arrival: simpy.Event, sent_at: float) -> None:
-    arrival.succeed(sent_at)  # the receiver learns when the data left
 
 
 def resume(
