@@ -62,4 +62,7 @@ def engine_fields(
         # Megatron-LM's async input-gradient all-reduce came in 2021-08 (cf7efd4): after the
         # 2020-21 README runs; BigScience's fork and DeepSpeed's 2020 Megatron never had it
         "async_tp_allreduce": fw not in ("megatron", "bloom", "deepspeed"),
+        # gradient accumulation fusion came in 2022-02 (83b1e42): Megatron-LM's 2020-21 runs
+        # left each micro-batch's gradients to autograd's add into .grad
+        "grad_accumulation_fusion": fw != "megatron",
     }

@@ -10,6 +10,7 @@ from zsim.calibrate.profile import load_profile
 from zsim.errors import InputError
 from zsim.inputs import presets
 from zsim.simulation import simulate
+from zsim.step.job import StageJob
 from zsim.workload.mechanisms import MECHANISMS, Mechanism, parse_mechanisms
 from zsim.workload.model import ModelKind, ModelSpec
 from zsim.workload.model_presets import preset
@@ -143,6 +144,31 @@ def test_autograd_adds_later_micro_batches_into_grad():
     assert _step(model, cfg, "1x1-nvlink", device) == _step(
         model, cfg, "1x1-nvlink", device, Mechanism.GRAD_ACCUMULATE
     )
+
+
+_ADD = "grad_accumulate"
+
+
+def test_megatron_before_gradient_accumulation_fusion_adds_into_grad():
+    # Megatron-LM's local DDP at b84d7a9 (2020-12-26) all-reduces param.grad at the end, so
+    # autograd adds micro-batches 2..ga into .grad (read two fp16 tensors, write one); since
+    # --gradient-accumulation-fusion (83b1e42, 2022-02) the wgrad GEMM adds into main_grad.
+    # A pipeline of 2 stages (one per node), accumulation 4: each stage pays three adds over
+    # its own parameters
+    device = presets.gpu("a100-80gb")
+    model = preset("gpt-350m")
+    fused = ParallelConfig(pp=2, micro_batch=1, grad_accum=4, pipeline_engine="megatron")
+    unfused = replace(fused, grad_accumulation_fusion=False)
+    topology = presets.topology("2x1-ib")
+    for cfg, passes in ((fused, 0), (unfused, 3)):
+        spans = simulate(model, cfg, topology, device).engine.all_spans()
+        for stage in range(2):  # rank s is stage s (dp 1, tp 1)
+            adds = [x.end_s - x.start_s for x in spans if (x.rank, x.name) == (stage, _ADD)]
+            own = sum(x.params(1) for x in StageJob.of(model, cfg, device, stage, False).chunks[0])
+            one = device.copy_time_s(1.5 * 2 * own, "fp16")
+            assert adds == pytest.approx([one] * passes, rel=1e-9)
+    with pytest.raises(InputError, match="grad_accumulation_fusion"):
+        replace(unfused, dp_engine="megatron")  # Megatron-Core's main_grad hook: not modelled
 
 
 def test_a_timed_accumulating_backward_replaces_the_separate_pass():

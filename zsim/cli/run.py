@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from zsim.cli.layout_flags import add_model_flags, add_parallel_flags
 from zsim.cli.output import EXIT_DOES_NOT_FIT, EXIT_OK, write_output
 from zsim.cluster.device import DeviceProfile
 from zsim.cluster.topology import Topology
@@ -24,117 +25,6 @@ from zsim.workload.model import ModelKind, ModelSpec
 from zsim.workload.model_presets import PRESETS
 from zsim.workload.parallel import ParallelConfig, ZeroStage, with_stage
 from zsim.workload.sharding import default_shard_size
-
-
-def _add_model_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("model")
-    g.add_argument("--model", help=f"preset: {', '.join(PRESETS)}")
-    g.add_argument("--params", help="parameter count only (model-state ledger), e.g. 7.5e9")
-    for flag in ("layers", "hidden", "heads", "ffn-hidden", "seq-len", "vocab", "kv-heads"):
-        g.add_argument(f"--{flag}", metavar="N", help=f"override the preset's {flag}")
-
-
-def _add_parallel_flags(p: argparse.ArgumentParser, stage: bool = True) -> None:
-    g = p.add_argument_group("layout and batch")
-    g.add_argument("--ds-config", type=Path, help="a DeepSpeed ds_config.json to read")
-    for flag, text in (
-        ("dp", "data-parallel size"),
-        ("tp", "tensor-parallel size"),
-        ("pp", "pipeline-parallel size"),
-        ("micro-batch", "per-GPU micro-batch"),
-        ("grad-accum", "gradient accumulation steps"),
-        ("global-batch", "train_batch_size = micro x accum x dp"),
-    ):
-        g.add_argument(f"--{flag}", metavar="N", help=text)
-    if stage:
-        g.add_argument("--stage", help="ZeRO stage 0-3")
-    g.add_argument("--precision", help="fp16, bf16 or fp32 (default fp16)")
-    g.add_argument("--recompute", help="none, selective or full")
-    g.add_argument("--offload", help="none, optimizer or optimizer+params")
-    g.add_argument("--sequence-parallel", action="store_true", default=None)
-    g.add_argument("--flash-attention", action="store_true", default=None)
-    g.add_argument("--pp-schedule", help="gpipe, 1f1b or interleaved")
-    g.add_argument("--pipeline-engine", help="deepspeed (PipelineEngine, default) or megatron")
-    g.add_argument("--virtual-stages", metavar="V", help="model chunks per rank (interleaved)")
-    _add_megatron_flags(g)
-    k = p.add_argument_group("DeepSpeed knobs (elements, as in ds_config)")
-    for knob in (
-        "reduce-bucket-size",
-        "allgather-bucket-size",
-        "prefetch-bucket-size",
-        "param-persistence-threshold",
-        "max-live-parameters",
-        "max-reuse-distance",
-    ):
-        k.add_argument(f"--{knob}", metavar="N")
-    k.add_argument("--overlap-comm", action=argparse.BooleanOptionalAction, default=None)
-    z = p.add_argument_group("ZeRO++ (ZeRO-3; DeepSpeed's zero_hpz_partition_size, ...)")
-    z.add_argument(
-        "--hpz",
-        "--hpz-partition-size",
-        dest="hpz_partition_size",
-        metavar="H",
-        help="hpZ: a secondary parameter partition over H consecutive ranks (e.g. a node)",
-    )
-    z.add_argument(
-        "--quantized-weights",
-        action="store_true",
-        default=None,
-        help="qwZ: parameter all-gathers in int8 with fp32 scales",
-    )
-    z.add_argument(
-        "--quantized-gradients",
-        action="store_true",
-        default=None,
-        help="qgZ: gradients averaged in int4 by all-to-alls within, then across the nodes",
-    )
-
-
-def _add_megatron_flags(g: Any) -> None:
-    """Megatron-Core's switches zsim models (its DDP and overlaps)."""
-    g.add_argument(
-        "--dp-engine",
-        "--engine",
-        dest="dp_engine",
-        help="deepspeed (its engine and ZeRO, default), megatron (Megatron-Core's DDP; with "
-        "--stage 1 its distributed optimizer; --overlap-comm is --overlap-grad-reduce) or "
-        "fsdp (PyTorch FSDP2's fully_shard, ZeRO-3's partition: --sharding)",
-    )
-    g.add_argument(
-        "--sharding",
-        dest="fsdp_sharding",
-        metavar="S",
-        help="with --engine fsdp: full (FULL_SHARD, default), grad-op (SHARD_GRAD_OP) or "
-        "hybrid (HYBRID_SHARD: full within --shard-size ranks, replicated across)",
-    )
-    g.add_argument(
-        "--shard-size",
-        dest="fsdp_shard_size",
-        metavar="N",
-        help="with --sharding hybrid: the ranks of one shard group (default: a node's "
-        "data-parallel ranks, as torch's HYBRID_SHARD)",
-    )
-    g.add_argument(
-        "--tp-comm-overlap",
-        action="store_true",
-        default=None,
-        help="Megatron-Core's TP collectives beside the GEMMs (TransformerEngine userbuffers; "
-        "needs --sequence-parallel)",
-    )
-    g.add_argument(
-        "--no-async-tensor-model-parallel-allreduce",
-        dest="async_tp_allreduce",
-        action="store_false",
-        default=None,
-        help="Megatron before 2021-08 (and BigScience's Megatron-DeepSpeed): the backward's "
-        "TP all-reduce of an input gradient after its weight-gradient GEMM, not beside it",
-    )
-    g.add_argument(
-        "--overlap-param-gather",
-        action="store_true",
-        default=None,
-        help="Megatron-Core's: the distributed optimizer's gathers in the next forward",
-    )
 
 
 def _model_from(args: argparse.Namespace) -> Any:
@@ -178,6 +68,7 @@ def _parallel_from(
             "overlap_param_gather",
             "tp_comm_overlap",
             "async_tp_allreduce",
+            "grad_accumulation_fusion",
             "reduce_bucket_size",
             "allgather_bucket_size",
             "prefetch_bucket_size",
@@ -356,8 +247,8 @@ def add_commands(sub: Any) -> None:
         help="cluster preset NxG-fabric or a YAML file "
         f"(default {DEFAULT_RUN['topology']}; see `zsim topologies`)",
     )
-    _add_model_flags(run)
-    _add_parallel_flags(run)
+    add_model_flags(run)
+    add_parallel_flags(run)
     run.add_argument("--gpu", help="GPU preset, instead of the topology's (see `zsim gpus`)")
     run.add_argument("--profile", type=Path, help="a calibrated profile (zsim calibrate)")
     run.add_argument("--full", action="store_true", help="simulate every rank, not one per stage")
@@ -379,8 +270,8 @@ def add_commands(sub: Any) -> None:
     run.set_defaults(func=cmd_run)
 
     mem = sub.add_parser("memory", help="memory ledger per GPU for ZeRO stages 0-3")
-    _add_model_flags(mem)
-    _add_parallel_flags(mem, stage=False)
+    add_model_flags(mem)
+    add_parallel_flags(mem, stage=False)
     mem.add_argument("--gpu", default="a100-80gb", help="GPU preset (see `zsim gpus`)")
     mem.add_argument("--json", action="store_true", help="machine-readable output")
     mem.set_defaults(func=cmd_memory)

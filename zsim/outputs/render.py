@@ -78,6 +78,8 @@ def _non_default(cfg: ParallelConfig) -> dict[str, Any]:
         out["megatron_overlaps"] = [name for name, on in flags if on]
     if not cfg.async_tp_allreduce and cfg.tp > 1:
         out["async_tp_allreduce"] = False
+    if not cfg.grad_accumulation_fusion:
+        out["grad_accumulation_fusion"] = False
     if cfg.without:
         out["without"] = sorted(str(m) for m in cfg.without)
     return out
@@ -276,6 +278,7 @@ def _run_header(r: dict[str, Any]) -> str:
         + (f", {p['dp_engine']} DP" if p.get("dp_engine") else "")
         + "".join(f" {flag}" for flag in p.get("megatron_overlaps", []))
         + (" --no-async-tensor-model-parallel-allreduce" if "async_tp_allreduce" in p else "")
+        + (" --no-gradient-accumulation-fusion" if "grad_accumulation_fusion" in p else "")
         + (f", without {', '.join(p['without'])}" if p.get("without") else "")
     )
 

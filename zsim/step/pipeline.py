@@ -285,12 +285,16 @@ def accumulates_in_grad(cfg: ParallelConfig, micro_batch: int) -> bool:
     read both, write one) where DeepSpeed keeps them there until the boundary: ZeRO-0 and
     ZeRO-1 (stage_1_and_2.py `reduce_ready_partitions_and_remove_grads` removes them at the
     boundary only), in its engine and its pipeline, but not through BF16_Optimizer's fp32
-    accumulation nor in Megatron's DDP (the wgrad GEMM adds into main_grad)."""
+    accumulation nor in Megatron's pipelines with gradient accumulation fusion (the wgrad
+    GEMM adds into main_grad). Without it (`grad_accumulation_fusion` off), Megatron-LM's
+    local DDP before 2022-02 left the gradients to autograd too (`megatron/model/
+    distributed.py` at b84d7a9, 2020-12-26: it all-reduces `param.grad` at the end)."""
+    megatron_pipeline = cfg.pp > 1 and cfg.pipeline_engine is PipelineEngine.MEGATRON
     return (
         micro_batch > 0
         and cfg.zero_stage <= ZeroStage.OPTIMIZER
         and cfg.dp_engine is DpEngine.DEEPSPEED
-        and (cfg.pp == 1 or cfg.pipeline_engine is PipelineEngine.DEEPSPEED)
+        and not (megatron_pipeline and cfg.grad_accumulation_fusion)
         and not bf16_optimizer(cfg)  # it frees the bf16 gradients after each micro-batch
         and cfg.models(Mechanism.GRAD_ACCUMULATE)
     )

@@ -158,6 +158,9 @@ class ParallelConfig:
     # Megatron's --async-tensor-model-parallel-allreduce (since 2021-08; off: the backward's
     # input-gradient all-reduce after the weight-gradient GEMM, on the compute stream)
     async_tp_allreduce: bool = True
+    # Megatron's --gradient-accumulation-fusion (since 2022-02, 83b1e42: the wgrad GEMM adds
+    # into main_grad; off, and before it: autograd adds each micro-batch's into .grad)
+    grad_accumulation_fusion: bool = True
     # with dp_engine fsdp: how FSDP shards, and the hybrid mesh's shard dimension (0: dp)
     fsdp_sharding: FsdpSharding = FsdpSharding.FULL
     fsdp_shard_size: int = 0
@@ -247,6 +250,13 @@ class ParallelConfig:
             True,
             "with sequence parallelism (Megatron: 'Tensor parallel communication/GEMM overlap "
             "can happen only when sequence parallelism is enabled')",
+        )
+        require(
+            self.grad_accumulation_fusion or self.dp_engine is not DpEngine.MEGATRON,
+            "grad_accumulation_fusion",
+            False,
+            "with dp_engine deepspeed (Megatron-LM's local DDP before 2022-02): Megatron-Core's "
+            "DDP adding each micro-batch into main_grad in a hook is not modelled",
         )
         if self.dp_engine is not DpEngine.MEGATRON:
             require(
