@@ -9,6 +9,7 @@ category; and it must refuse a timeline that does not repeat."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -151,3 +152,17 @@ def test_a_timeline_that_does_not_repeat_is_simulated_whole(monkeypatch) -> None
     assert refused == [None]
     assert folded.engine.fold is None  # simulated whole after the refusal
     assert folded.step_time_s == whole.step_time_s
+
+
+def test_zsim_run_says_what_it_folded_and_a_trace_simulates_everything(tmp_path, capsys) -> None:
+    from zsim.cli import main
+
+    args = ["run", "--topology", "4x4-ib", "--model", "gpt-350m", "--pp", "4", "--dp", "4"]
+    args += ["--micro-batch", "1", "--grad-accum", "40", "--stage", "1", "--json"]
+    assert main(args) == 0
+    folded = json.loads(capsys.readouterr().out)
+    assert any(n.startswith("pipeline steady state: 12 of 40") for n in folded["notes"])
+    assert main([*args, "--trace", str(tmp_path / "t.json")]) == 0
+    whole = json.loads(capsys.readouterr().out)
+    assert not any(n.startswith("pipeline steady state") for n in whole["notes"])
+    assert folded["step_time_s"] == pytest.approx(whole["step_time_s"], rel=1e-9)

@@ -186,11 +186,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"the {world} GPUs of {topology.name} (dp={cfg.dp}, tp={cfg.tp}, pp={cfg.pp})",
         )
     device = _device(args, topology)
-    stragglers = parse_stragglers(args.straggler or [])
+    slow = parse_stragglers(args.straggler or [])
     fold = not (args.trace or args.plot)  # they show every task: no steady state repeated
-    full = args.full
-    report = simulate(model, cfg, topology, device, full=full, stragglers=stragglers, fold=fold)
+    report = simulate(model, cfg, topology, device, full=args.full, stragglers=slow, fold=fold)
     summary = render.run_report(model, cfg, topology.name, device, report)
+    notes += render.fold_note(report.engine.fold, cfg.grad_accum)
     if args.trace:
         write_output(
             args.trace, json.dumps(chrome_trace(report.engine.spans, report.engine.passes))

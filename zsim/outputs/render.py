@@ -12,6 +12,7 @@ from rich.table import Table
 from zsim.cluster.device import GB, DeviceProfile
 from zsim.memory import MemoryLedger, overflow_bytes
 from zsim.simulation import Report
+from zsim.step.spans import Fold
 from zsim.workload.model import ModelKind, ModelSpec
 from zsim.workload.parallel import DpEngine, ParallelConfig, ZeroStage
 
@@ -298,3 +299,14 @@ def bottleneck(r: dict[str, Any]) -> str:
         head = f"compute, {r['compute_s'] / step:.0%} of the step on rank {rank}"
         return f"Bottleneck: {head} (MFU {r['mfu']:.1%}); the largest loss: {loss}."
     return f"Bottleneck: {loss} on rank {rank}; compute {r['compute_s'] / step:.0%}."
+
+
+def fold_note(fold: Fold | None, micro_batches: int) -> list[str]:
+    """What a folded step simulated (`zsim.step.fold`), for the run's notes."""
+    if fold is None:
+        return []
+    return [
+        f"pipeline steady state: {fold.micro_batches} of {micro_batches} micro-batches "
+        f"simulated, then {fold.periods} periods of {fold.period_s * 1e3:.3g} ms repeated "
+        "(checked periodic on every simulated rank; --trace or --plot simulates them all)"
+    ]

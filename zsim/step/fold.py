@@ -85,7 +85,7 @@ def find_fold(engine: Engine, micro_batches: int, left_out: int) -> Fold | None:
         at = last - period - tolerance
         checked_from = at - 2 * period  # two periods, each compared with the next
         if all(_repeats(engine, r, checked_from, period, tolerance) for r in engine.ranks):
-            return Fold(left_out // size, period, at)
+            return Fold(left_out // size, period, at, micro_batches)
     return None
 
 

@@ -57,11 +57,13 @@ class FusedPass(NamedTuple):
 @dataclass(frozen=True)
 class Fold:
     """A pipeline's steady state repeated (`zsim.step.fold`): `periods` periods of `period_s`
-    inserted at `at_s` of the short step simulated, each a copy of the period before it."""
+    inserted at `at_s` of the short step of `micro_batches` simulated, each a copy of the
+    period before it."""
 
     periods: int
     period_s: float
     at_s: float
+    micro_batches: int
 
     @property
     def window(self) -> tuple[float, float]:
