@@ -40,6 +40,21 @@ _EXTRA: dict[str, NetScenario] = {
     "eth-2x4-pp2-bf16-fp32-accumulate": _s(
         "2x4-ethernet", "gpt-125m", dp=4, pp=2, micro_batch=2, precision="bf16", zero_stage=1
     ),
+    "ib-4x4-tp2-pp2-full": _s(
+        "4x4-ib", "gpt-125m", dp=4, tp=2, pp=2, micro_batch=1, zero_stage=1, full=True
+    ),
+    "cpu-1x4-tp2-pp2-gloo-full": _s(
+        "1x4-cpu",
+        "gpt-125m",
+        dp=1,
+        tp=2,
+        pp=2,
+        micro_batch=1,
+        precision="fp32",
+        profile="cpu-4rank",
+        full=True,
+        shape={"layers": 4, "hidden": 256, "heads": 4, "seq_len": 128},
+    ),
     "cpu-1x2-pp2-gloo": _s(
         "1x2-cpu",
         "gpt-125m",
