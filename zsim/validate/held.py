@@ -177,7 +177,8 @@ def _parameter_storages(module: nn.Module) -> set[tuple[str, int]]:
 
 def fsdp_inventory(engine: FsdpEngine) -> Inventory:
     """FSDP2's local storages: shards (and, while gathered, unsharded parameters), their
-    gradients, Adam's state."""
+    gradients, Adam's state. A gathered unit's module holds its unsharded parameters, not
+    its shards, which FSDP keeps (`FSDPParam.sharded_param`): walked from its groups."""
     inv = Inventory()
     for name, param in engine.module.named_parameters():
         sharded = hasattr(param, "to_local")
@@ -185,11 +186,26 @@ def fsdp_inventory(engine: FsdpEngine) -> Inventory:
         if param.grad is not None:  # a gathered unit's gradient before its reduce-scatter
             grad = f"param<{name}>.grad" if sharded else f"gathered<{name}>.unsharded_grad"
             inv.walk(local(param.grad), grad)
+    for group in fsdp_groups(engine):
+        for fsdp_param in group.fsdp_params:  # a storage walked above counts once
+            name = fsdp_param._param_fqn or "unit"
+            inv.walk(local(fsdp_param.sharded_param), f"param<{name}>")
     for i, state in enumerate(engine.optimizer.state.values()):
         for key, value in state.items():
             if isinstance(value, torch.Tensor):
                 inv.walk(local(value), f"optimizer.state[{i}].{key}")
     return inv
+
+
+def fsdp_groups(engine: FsdpEngine) -> list[Any]:
+    """FSDP2's parameter group of every unit (torch 2.13 `FSDPParamGroup`), root included."""
+    groups = []
+    for module in engine.module.modules():
+        state = getattr(module, "_get_fsdp_state", None)
+        group = state()._fsdp_param_group if state is not None else None
+        if group is not None:
+            groups.append(group)
+    return groups
 
 
 def fsdp_in_flight(engine: FsdpEngine) -> list[tuple[torch.Tensor, str]]:
@@ -198,12 +214,7 @@ def fsdp_in_flight(engine: FsdpEngine) -> list[tuple[torch.Tensor, str]]:
     own pre-forward or pre-backward), the reduce-scatter inputs kept for the next unit, and
     with a hybrid mesh each unit's all-reduced shard, kept to the backward's end."""
     found: list[tuple[torch.Tensor, str]] = []
-    groups = []
-    for module in engine.module.modules():
-        state = getattr(module, "_get_fsdp_state", None)
-        group = state()._fsdp_param_group if state is not None else None
-        if group is not None:
-            groups.append(group)
+    groups = fsdp_groups(engine)
     for group in groups:
         if group._all_gather_result is not None:
             found.append((group._all_gather_result.all_gather_output, "fsdp.all_gather_output"))
