@@ -17,7 +17,7 @@ from tests.golden.network_scenarios import SCENARIOS, NetScenario, _s
 from tests.golden.record_network import inputs
 from zsim.simulation import Report, simulate
 from zsim.step import fold as fold_module
-from zsim.step.fold import STEADY_MICRO_BATCHES, short_config
+from zsim.step.fold import INTERLEAVED_GROUPS, STEADY_MICRO_BATCHES, short_config
 from zsim.workload.mechanisms import Mechanism
 from zsim.workload.parallel import ParallelConfig
 
@@ -82,7 +82,8 @@ def _long(cfg: ParallelConfig, extra: int = 3) -> ParallelConfig:
 
 def _both(s: NetScenario, **change: object) -> tuple[Report, Report]:
     model, cfg, topo, device = inputs(s)
-    cfg = dataclasses.replace(_long(cfg), **change)
+    long = {"grad_accum": 2 * (cfg.pp + STEADY_MICRO_BATCHES) + 3}  # as `_long`
+    cfg = dataclasses.replace(cfg, **(long | change))  # type: ignore[arg-type]
     run = {"full": s.full, "stragglers": s.stragglers or None}
     folded = simulate(model, cfg, topo, device, **run)  # type: ignore[arg-type]
     whole = simulate(model, cfg, topo, device, fold=False, **run)  # type: ignore[arg-type]
@@ -119,6 +120,20 @@ def test_a_folded_pipeline_gives_the_whole_steps_answers(name: str) -> None:
 
 
 @pytest.mark.consistency
+@pytest.mark.parametrize("v", [2, 4])
+def test_an_interleaved_pipeline_folds_by_groups_of_pp(v: int) -> None:
+    # rails, tp 2 with sequence parallelism, pp 4: Megatron's interleaved order repeats by
+    # groups of pp micro-batches; 12 groups, 6 of them simulated
+    s = SCENARIOS["rails-interleaved"]
+    folded, whole = _both(s, grad_accum=12 * 4, virtual_stages=v)
+    fold = folded.engine.fold
+    assert fold is not None
+    assert fold.micro_batches == INTERLEAVED_GROUPS * 4
+    assert fold.periods * 4 == 12 * 4 - fold.micro_batches  # periods of pp micro-batches
+    _assert_same(folded, whole)
+
+
+@pytest.mark.consistency
 def test_megatron_without_blocking_sends_folds_alike() -> None:
     s = SCENARIOS["oversub-tp4-pp2-dp4"]
     folded, whole = _both(s, without=frozenset({Mechanism.BLOCKING_P2P}))
@@ -135,6 +150,11 @@ def test_only_long_1f1b_pipelines_are_folded() -> None:
     assert short_config(ParallelConfig(dp=8, grad_accum=64)) is None  # no pipeline
     gpipe = dataclasses.replace(base, pipeline_engine="megatron", pp_schedule="gpipe")
     assert short_config(gpipe) is None  # no steady state: all forwards, then all backwards
+    mega = dataclasses.replace(base, pipeline_engine="megatron", pp_schedule="interleaved")
+    groups = dataclasses.replace(mega, virtual_stages=2, grad_accum=2 * INTERLEAVED_GROUPS * 4)
+    assert short_config(groups) == dataclasses.replace(groups, grad_accum=INTERLEAVED_GROUPS * 4)
+    fewer = dataclasses.replace(groups, grad_accum=groups.grad_accum - 4)
+    assert short_config(fewer) is None
 
 
 @pytest.mark.consistency

@@ -1,20 +1,21 @@
-"""A 1F1B pipeline's steady state, simulated once and repeated: a long step from a short one.
+"""A pipeline's steady state, simulated once and repeated: a long step from a short one.
 
-Once every stage of a 1F1B pipeline (Megatron's, DeepSpeed's TrainSchedule) is in its steady
-state, each further micro-batch adds the same work to every rank one period later: the step
-is a max-plus system whose state repeats, shifted (its flows too: they start and end shifted
-alike, so they share their links alike). A step of m micro-batches is then the step of
-m1 < m with one period of that state repeated n = m - m1 more times: n periods longer, and
-every rank's compute, exposed communication and traffic larger by n times what one period
-holds.
+Once every stage of a 1F1B pipeline (Megatron's, DeepSpeed's TrainSchedule; Megatron's
+interleaved one, whose order repeats by groups of pp micro-batches) is in its steady state,
+each further period of d micro-batches adds the same work to every rank one period later:
+the step is a max-plus system whose state repeats, shifted (its flows too: they start and
+end shifted alike, so they share their links alike). A step of m micro-batches is then the
+step of m1 < m with (m - m1) / d periods of that state repeated: that many periods longer,
+and every rank's compute, exposed communication and traffic larger by that many times what
+one period holds.
 
-So the engine simulates m1 = pp + `STEADY_MICRO_BATCHES` micro-batches (their steady state
-spans a few periods on every stage at once), and `find_fold` takes the period from stage 0's
-last two forwards and checks it before trusting it: every simulated rank's tasks over two
-periods must repeat one period later (the same stream and category, start and end shifted by
-the period to 1e-9 of the step). Where they do not (a transient not settled, a straggler's
-own rhythm) it answers None and the step is simulated in full. The tests compare folded and
-full steps on scenarios where pipeline, tensor- and data-parallel traffic contend.
+So the engine simulates a short step (`short_config`: its steady state spans a few periods
+on every stage at once), and `find_fold` takes the period from stage 0's forwards and checks
+it before trusting it: every simulated rank's tasks over two periods must repeat one period
+later (the same stream and category, start and end shifted by the period to 1e-9 of the
+step). Where they do not (a transient not settled, a straggler's own rhythm) it answers None
+and the step is simulated in full. The tests compare folded and full steps on scenarios
+where pipeline, tensor- and data-parallel traffic contend.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ from zsim.workload.parallel import ParallelConfig, PipelineSchedule
 # periods `find_fold` reads (a window and the two it checks around it; up to two micro-batches
 # each), with room to settle
 STEADY_MICRO_BATCHES = 8
+# groups of pp micro-batches in an interleaved short step: its warm-up of (v - 1) pp + 2 (pp -
+# 1) chunk passes and the three periods read; fewer refused the folds tried (pp 4 and 8, v 2-5)
+INTERLEAVED_GROUPS = 6
 _TOLERANCE = 1e-9  # relative to the step: times that repeat to within this repeat
 
 
@@ -56,26 +60,32 @@ class Engine(Protocol):
 
 def short_config(cfg: ParallelConfig) -> ParallelConfig | None:
     """The step to simulate instead of `cfg`'s, or None where folding cannot pay: no pipeline,
-    a schedule without a steady state of single micro-batches (GPipe, interleaved), or too few
-    micro-batches to save at least half of them. It leaves an even number out, so that a
-    steady state that repeats every two micro-batches (sends that meet on a link every other
-    one) folds too."""
-    if cfg.pp == 1 or cfg.pp_schedule is not PipelineSchedule.ONE_F_ONE_B:
+    GPipe (all forwards, then all backwards: no steady state), or too few micro-batches to
+    save at least half of them. 1F1B: pp + `STEADY_MICRO_BATCHES`, leaving an even number
+    out, so that a steady state that repeats every two micro-batches (sends that meet on a
+    link every other one) folds too. Interleaved (v > 1): `INTERLEAVED_GROUPS` groups of pp
+    micro-batches, Megatron's period (its order runs micro-batches in groups of pp per
+    chunk; the accumulation is a multiple of pp)."""
+    if cfg.pp == 1 or cfg.pp_schedule is PipelineSchedule.GPIPE:
         return None
-    short = cfg.pp + STEADY_MICRO_BATCHES
-    short += (cfg.grad_accum - short) % 2
+    if cfg.virtual_stages > 1:  # Megatron's interleaved order repeats by groups of pp
+        short = INTERLEAVED_GROUPS * cfg.pp
+    else:
+        short = cfg.pp + STEADY_MICRO_BATCHES
+        short += (cfg.grad_accum - short) % 2
     return replace(cfg, grad_accum=short) if 2 * short <= cfg.grad_accum else None
 
 
 def find_fold(engine: Engine, micro_batches: int, left_out: int) -> Fold | None:
     """How the `left_out` micro-batches go into the short step of `micro_batches` the engine
     ran, or None where its timeline does not repeat there (see the module doc): as periods
-    of one micro-batch, else of two. A period: from stage 0's forward of the micro-batch one
-    period before its last to its last (both steady: stage 0 warms up with pp - 1)."""
+    of one micro-batch, else of two, else of pp (interleaved). A period: from stage 0's
+    forward of the micro-batch one period before its last to its last (both steady: stage 0
+    warms up with fewer)."""
     tolerance = _TOLERANCE * max(max(ends) for ends in engine.task_end.values())
     stage0 = [r for r in engine.ranks if engine.coords(r)[1] == 0]
     last = min(_forward_start(engine, r, micro_batches - 1) for r in stage0)
-    for size in (1, 2):
+    for size in (1, 2, len(engine.programs)):  # programs: one per stage
         earlier = min(_forward_start(engine, r, micro_batches - 1 - size) for r in stage0)
         period = last - earlier
         if left_out % size or not period > 0:

@@ -1,6 +1,6 @@
 """Diagnosis: does autograd hold a tied embedding's head gradient from the backward's start?
 
-    PYTHONPATH=. python benchmarks/validation/memory/tied_gradient.py
+    PYTHONPATH=. python benchmarks/validation/diagnosis/tied_gradient.py
 
 The ledger counts the FSDP2 root unit's fp32 gradient from the backward's start; the
 validation's probe, which walks the module, does not see it at the first block's
