@@ -1,12 +1,14 @@
 """Mechanisms switched off one at a time (`zsim.workload.mechanisms`, `zsim run --without`):
 each one's cost against what its source says it does, worked by hand where it can be."""
 
+import json
 from dataclasses import replace
 
 import pytest
 
 from tests.golden.scenarios import CAL
 from zsim.calibrate.profile import load_profile
+from zsim.cli import main
 from zsim.errors import InputError
 from zsim.inputs import presets
 from zsim.simulation import simulate
@@ -194,3 +196,15 @@ def test_a_timed_accumulating_backward_replaces_the_separate_pass():
         device = replace(profile, layer_times={**profile.layer_times, key: timed})
         in_pass = _step(MLP, cfg, "1x2-cpu", device)
         assert in_pass - none == pytest.approx(3 * 8 * extra_s, rel=1e-6)
+
+
+def test_zsim_run_takes_megatron_without_gradient_accumulation_fusion(capsys) -> None:
+    args = ["run", "--topology", "2x1-ib", "--model", "gpt-350m", "--pp", "2", "--json"]
+    args += ["--pipeline-engine", "megatron", "--micro-batch", "1", "--grad-accum", "4"]
+    assert main(args) == 0
+    fused = json.loads(capsys.readouterr().out)
+    assert main([*args, "--no-gradient-accumulation-fusion"]) == 0
+    unfused = json.loads(capsys.readouterr().out)
+    assert unfused["parallel"]["grad_accumulation_fusion"] is False
+    assert "grad_accumulation_fusion" not in fused["parallel"]
+    assert unfused["step_time_s"] > fused["step_time_s"]  # three adds into .grad per stage

@@ -71,3 +71,11 @@ def test_tensor_parallel_all_reduce_is_async_only_from_megatron_2021_08():
     bloom = map_row(_row("training_bloom_3d_zero1-041"), BLOOM)
     assert (old.parallel.async_tp_allreduce, bloom.parallel.async_tp_allreduce) == (False, False)
     assert new.parallel.async_tp_allreduce
+
+
+def test_megatron_accumulates_in_grad_only_before_gradient_accumulation_fusion():
+    # 83b1e42 (2022-02-13) fused the add into the wgrad GEMM: the 2020-21 README ran before
+    old = map_row(_megatron_row("training_megatron_3d_parallel-030"), FILES["megatron"])
+    new = map_row(_megatron_row("training_megatron_3d_parallel-055"), FILES["megatron"])
+    assert not old.parallel.grad_accumulation_fusion
+    assert new.parallel.grad_accumulation_fusion
