@@ -23,7 +23,7 @@ from zsim.step.engine import Engine
 from zsim.step.fixed_tp import tp_fixed_time
 from zsim.step.fold import find_fold, fold_result, fold_times, short_config
 from zsim.step.spans import EngineResult, Fold, FusedPass, Span
-from zsim.step.trace import RankTimes, rank_times, window_measures
+from zsim.step.trace import RankTimes, rank_times, rank_times_and_window
 from zsim.workload.mechanisms import Mechanism
 from zsim.workload.model import ModelSpec
 from zsim.workload.parallel import ParallelConfig, Recompute
@@ -105,10 +105,11 @@ def _rank_times(
     times = {}
     for r in ranks:
         own, own_passes = by_rank.get(r, []), passes.get(r, [])
-        times[r] = rank_times(own, own_passes, r, step)
-        if fold is not None:
-            window = window_measures(own, own_passes, r, *fold.window)
-            times[r] = fold_times(times[r], window, fold, step)
+        if fold is None:
+            times[r] = rank_times(own, own_passes, r, step)
+        else:
+            short, window = rank_times_and_window(own, own_passes, r, step, fold.window)
+            times[r] = fold_times(short, window, fold, step)
     return times
 
 

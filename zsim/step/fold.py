@@ -84,6 +84,7 @@ def find_fold(engine: Engine, micro_batches: int, left_out: int) -> Fold | None:
     warms up with fewer)."""
     tolerance = _TOLERANCE * max(max(ends) for ends in engine.task_end.values())
     stage0 = [r for r in engine.ranks if engine.coords(r)[1] == 0]
+    kinds = [np.asarray([_kind(t) for t in program.tasks]) for program in engine.programs]
     last = min(_forward_start(engine, r, micro_batches - 1) for r in stage0)
     for size in (1, 2, len(engine.programs)):  # programs: one per stage
         earlier = min(_forward_start(engine, r, micro_batches - 1 - size) for r in stage0)
@@ -94,7 +95,7 @@ def find_fold(engine: Engine, micro_batches: int, left_out: int) -> Fold | None:
         # sit just before task starts (which fall on them), so a task and its copy fall alike
         at = last - period - tolerance
         checked_from = at - 2 * period  # two periods, each compared with the next
-        if all(_repeats(engine, r, checked_from, period, tolerance) for r in engine.ranks):
+        if all(_repeats(engine, r, kinds, checked_from, period, tolerance) for r in engine.ranks):
             return Fold(left_out // size, period, at, micro_batches)
     return None
 
@@ -108,10 +109,13 @@ def _forward_start(engine: Engine, rank: int, micro_batch: int) -> float:
     return engine.task_start[rank][first]
 
 
-def _repeats(engine: Engine, rank: int, lo: float, period: float, tolerance: float) -> bool:
+def _repeats(
+    engine: Engine, rank: int, kinds: list[IntArray], lo: float, period: float, tolerance: float
+) -> bool:
     """Whether the rank's tasks started in [lo, lo + 2 periods) start and end again one
-    period later, and none started before `lo` still runs in the window [lo + P, lo + 2P)."""
-    tasks = engine.programs[engine.coords(rank)[1]].tasks
+    period later, and none started before `lo` still runs in the window [lo + P, lo + 2P);
+    `kinds`: each stage's tasks' kinds (`_kind`), by task index."""
+    kind = kinds[engine.coords(rank)[1]]
     starts, ends = np.asarray(engine.task_start[rank]), np.asarray(engine.task_end[rank])
     if bool(((starts < lo) & (ends > lo + period)).any()):
         return False
@@ -120,10 +124,9 @@ def _repeats(engine: Engine, rank: int, lo: float, period: float, tolerance: flo
     a, b = np.flatnonzero(first), np.flatnonzero(second)
     if len(a) != len(b):
         return False
-    kinds = np.asarray([_kind(t) for t in tasks])
-    a, b = a[_order(kinds[a], starts[a], ends[a])], b[_order(kinds[b], starts[b], ends[b])]
+    a, b = a[_order(kind[a], starts[a], ends[a])], b[_order(kind[b], starts[b], ends[b])]
     return (
-        bool((kinds[a] == kinds[b]).all())
+        bool((kind[a] == kind[b]).all())
         and _shifted(starts[a], starts[b], period, tolerance)
         and _shifted(ends[a], ends[b], period, tolerance)
     )

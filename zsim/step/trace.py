@@ -78,7 +78,12 @@ def rank_times(
     spans: Sequence[Span], passes: Sequence[FusedPass], rank: int, step_s: float
 ) -> RankTimes:
     """Where `rank`'s step went; `spans` and `passes` may be all ranks' or (faster) only its."""
-    measured = _measure(*_gather(spans, passes, rank))
+    return _times(_measure(*_gather(spans, passes, rank)), spans, passes, rank, step_s)
+
+
+def _times(
+    measured: Measures, spans: Sequence[Span], passes: Sequence[FusedPass], rank: int, step_s: float
+) -> RankTimes:
     compute_s, exposed = measured.compute_s, measured.exposed_comm_s
     ends = [s.end_s for s in spans if s.rank == rank] + [p.end_s for p in passes if p.rank == rank]
     return RankTimes(
@@ -101,12 +106,19 @@ class Measures(NamedTuple):
     exposed_by_category: dict[str, float]
 
 
-def window_measures(
-    spans: Sequence[Span], passes: Sequence[FusedPass], rank: int, lo: float, hi: float
-) -> Measures:
-    """`rank`'s measures over [lo, hi) alone: its work clipped to the window."""
+def rank_times_and_window(
+    spans: Sequence[Span],
+    passes: Sequence[FusedPass],
+    rank: int,
+    step_s: float,
+    window: tuple[float, float],
+) -> tuple[RankTimes, Measures]:
+    """`rank_times`, and the rank's measures over the window [lo, hi) alone (its work
+    clipped to it), from one gathering of its work."""
     compute, comm = _gather(spans, passes, rank)
-    return _measure(compute.clip(lo, hi), {k: iv.clip(lo, hi) for k, iv in comm.items()})
+    lo, hi = window
+    clipped = _measure(compute.clip(lo, hi), {k: iv.clip(lo, hi) for k, iv in comm.items()})
+    return _times(_measure(compute, comm), spans, passes, rank, step_s), clipped
 
 
 def _measure(compute: _Intervals, comm: dict[str, _Intervals]) -> Measures:
