@@ -217,7 +217,7 @@ def comm_buffer_bytes(
       gathered by the end of a forward (replayed by `zsim.step.zero3`).
     """
     if cfg.dp_engine is DpEngine.FSDP:
-        return fsdp.buffer_bytes(cfg, layers)
+        return fsdp.buffer_bytes(cfg, layers, model.tied_embeddings)
     b = cfg.precision.bytes
     stage = cfg.zero_stage
     if stage is ZeroStage.NONE:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from zsim.network.collective import CollectiveOp
 from zsim.step.job import StageJob
 from zsim.step.program import Category, Comm, Group, ProgramWriter, Stream, Task
-from zsim.workload.model import ComputeOp, Layer
+from zsim.workload.model import WORD_EMBEDDING, ComputeOp, Layer
 from zsim.workload.parallel import ParallelConfig
 from zsim.workload.sharding import UNIT_KINDS, FsdpSharding, is_unit
 
@@ -246,21 +246,24 @@ def model_state_bytes(params: float, cfg: ParallelConfig) -> tuple[float, float,
     return SHARD_BYTES * shard, SHARD_BYTES * shard, 2 * SHARD_BYTES * shard
 
 
-def buffer_bytes(cfg: ParallelConfig, layers: Sequence[Layer]) -> float:
+def buffer_bytes(cfg: ParallelConfig, layers: Sequence[Layer], tied: bool = False) -> float:
     """Unsharded tensors beside the shards at their peak, walked through the backward as
     torch 2.13's FSDP2 holds them (`_fsdp_param_group`; measured on the real engine,
-    `validate.held.fsdp_in_flight`): the root's parameters and gradients (unsharded from the
-    forward's start to the backward's end), then at each unit's post-backward the units
-    gathered (with SHARD_GRAD_OP every unit not yet through its backward, kept from its
-    forward; else the unit and the next one, prefetched), its unsharded gradients and the
-    previous unit's fp32 reduce-scatter input (`reduce_scatter_max_input_buffers` 1), which
-    is released only after this unit is resharded, before its own is made; with a hybrid
-    mesh also the all-reduced shards of the units already reduced."""
+    `validate.held.fsdp_in_flight`). The root's parameters stay unsharded from the forward's
+    start to the backward's end. At each unit's post-backward: the root's gradients autograd
+    has made by then (`early_root_numel`), the units gathered (with SHARD_GRAD_OP every unit
+    not yet through its backward, kept from its forward; else the unit and the next one,
+    prefetched), its unsharded gradients and the previous unit's fp32 reduce-scatter input
+    (`reduce_scatter_max_input_buffers` 1), which is released only after this unit is
+    resharded, before its own is made; with a hybrid mesh also the all-reduced shards of the
+    units already reduced. Then the root's post-backward, after the embeddings' backward:
+    every root gradient, and the first block's reduce-scatter input still held; and the
+    root's copy into its own reduce-scatter input."""
     if cfg.dp == 1:
         return 0.0
     found = units(layers, cfg.tp)
     n, b = cfg.shard_ranks, param_bytes(cfg)
-    root, blocks = found[0], [padded(u.numel, n) for u in found[1:]]
+    root, blocks = padded(found[0].numel, n), [padded(u.numel, n) for u in found[1:]]
     keep_all = cfg.fsdp_sharding is FsdpSharding.GRAD_OP
     hybrid = cfg.fsdp_sharding is FsdpSharding.HYBRID
     peak = 0.0
@@ -273,4 +276,22 @@ def buffer_bytes(cfg: ParallelConfig, layers: Sequence[Layer]) -> float:
         at_post_backward = b * (gathered + block) + REDUCE_BYTES * kept + shards
         at_reduce = b * gathered + REDUCE_BYTES * block + shards  # its grads copied in
         peak = max(peak, at_post_backward, at_reduce)
-    return 2 * b * padded(root.numel, n) + peak
+    in_blocks = b * (root + padded(early_root_numel(layers, cfg.tp, tied), n)) + peak
+    if not root:
+        return in_blocks
+    shards = REDUCE_BYTES * sum(blocks) / n if hybrid else 0.0
+    at_root = 2 * b * root + REDUCE_BYTES * (blocks[0] if blocks else 0.0) + shards
+    at_root_reduce = (b + REDUCE_BYTES) * root + shards  # resharded; its grads copied in
+    return max(in_blocks, at_root, at_root_reduce)
+
+
+def early_root_numel(layers: Sequence[Layer], tp: int, tied: bool) -> int:
+    """The root's parameters (per TP rank) whose gradients exist from the backward's start:
+    those of the layers after the last unit (final norm, LM head) and a word embedding tied
+    to the head, whose gradient waits in autograd's `AccumulateGrad` for the lookup's
+    (`benchmarks/validation/diagnosis/tied_gradient.py`). The embeddings' own gradients come
+    at the backward's end."""
+    last = max((i for i, x in enumerate(layers) if is_unit(x)), default=-1)
+    head = sum(x.params(tp) for x in layers[last + 1 :] if x.kind not in UNIT_KINDS)
+    word = (t for x in layers[: last + 1] for t in x.tensors if t.name == WORD_EMBEDDING)
+    return head + (sum(t.per_rank(tp) for t in word) if tied else 0)

@@ -9,7 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache, lru_cache
 
-from zsim.workload.model import ComputeOp, Layer, LayerKind, ModelKind, ModelSpec
+from zsim.workload.model import (
+    WORD_EMBEDDING,
+    ComputeOp,
+    Layer,
+    LayerKind,
+    ModelKind,
+    ModelSpec,
+)
 from zsim.workload.parallel import ParallelConfig, Recompute
 from zsim.workload.shapes import Shard, backward_ops, forward_ops
 
@@ -38,7 +45,7 @@ def stage_layers(model: ModelSpec, stages: int, stage: int) -> tuple[Layer, ...]
         chosen += [x for x in layers if x.kind is LayerKind.HEAD]
         if model.tied_embeddings and model.kind is ModelKind.TRANSFORMER:
             embedding = next(x for x in layers if x.kind is LayerKind.EMBEDDING)
-            word = tuple(t for t in embedding.tensors if t.name == "wte.weight")
+            word = tuple(t for t in embedding.tensors if t.name == WORD_EMBEDDING)
             chosen.append(Layer("word_embedding_copy", LayerKind.TIED_COPY, word))
     return tuple(chosen)
 

@@ -17,6 +17,8 @@ from enum import StrEnum
 
 from zsim.errors import positive_int, require
 
+WORD_EMBEDDING = "wte.weight"  # the word embedding's parameter, which a tied LM head reads
+
 
 class ModelKind(StrEnum):
     TRANSFORMER = "transformer"  # GPT / Llama style decoder
@@ -185,7 +187,7 @@ class ModelSpec:
 
     def _embedding(self) -> Layer:
         v, h, s = self.vocab, self.hidden, self.seq_len
-        tensors = [ParamTensor("wte.weight", v * h, True, (v, h))]
+        tensors = [ParamTensor(WORD_EMBEDDING, v * h, True, (v, h))]
         if self.learned_positions:
             tensors.append(ParamTensor("wpe.weight", s * h, False, (s, h)))
         return Layer("embedding", LayerKind.EMBEDDING, tuple(tensors))
