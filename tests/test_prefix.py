@@ -17,7 +17,7 @@ from zsim.network.alone import AloneTerms
 from zsim.simulation import Report, simulate
 from zsim.step import engine as engine_module
 from zsim.step import prefix as prefix_module
-from zsim.step.prefix import LoneSend, Prefix, _first_crowding
+from zsim.step.prefix import LoneSend, Prefix, first_crowding
 
 
 def _run(name: str) -> Report:
@@ -86,8 +86,8 @@ def _send(start: float, ends: float, resources: tuple[int, ...], load: float) ->
 def test_sends_crowd_a_capacity_when_the_rates_of_those_holding_it_exceed_it():
     capacity = np.full(8, 10.0)
     apart = [_send(0.0, 1.0, (1, 2), 10.0), _send(1.5, 2.0, (2, 3), 10.0)]
-    assert _first_crowding(apart, capacity) == float("inf")
+    assert first_crowding(apart, capacity) == float("inf")
     fitting = [*apart, _send(0.5, 3.0, (4,), 4.0), _send(0.8, 2.0, (4, 5), 6.0)]
-    assert _first_crowding(fitting, capacity) == float("inf")  # 4 + 6 fit in 10
+    assert first_crowding(fitting, capacity) == float("inf")  # 4 + 6 fit in 10
     crowding = [*fitting, _send(1.9, 2.5, (5, 4), 1.0), _send(1.8, 2.2, (3,), 1.0)]
-    assert _first_crowding(crowding, capacity) == 1.8  # 11 on capacity 3 (and on 4 at 1.9)
+    assert first_crowding(crowding, capacity) == 1.8  # 11 on capacity 3 (and on 4 at 1.9)

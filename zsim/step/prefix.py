@@ -8,20 +8,21 @@ its dependencies are done, which is the longest path through the same DAG: this 
 those times directly, with no simpy event per task. The engine simulates only what starts from
 the cut on (the earliest start of a task that is not fixed-time, or of a send that would share
 a capacity with one still moving), taking over the sends still in flight, so the answer is the
-event loop's. A pipeline's warm-up and steady state are all prefix; its cool-down, gradient
-reductions and optimizer step are simulated.
+event loop's. The pass issues sends in time order and stops at the cut: what it would time
+beyond it the loop times again. A pipeline's warm-up and steady state are all prefix unless
+its sends crowd a link; its cool-down, gradient reductions and optimizer step are simulated.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
-import numpy.typing as npt
 
 from zsim.cluster.build import FloatArray
 from zsim.network.alone import AloneTerms
@@ -106,7 +107,13 @@ class Prefix:
 
 
 def time_prefix(engine: Engine) -> Prefix:
-    """Time every task that does not depend on a collective's or a shared send's time."""
+    """Time every task that does not depend on a collective's or a shared send's time.
+
+    Compute runs ahead along each stream; a stream pauses at each send or collective, and the
+    paused ones resume in the order of those tasks' starts (every task not yet timed starts
+    no earlier than the earliest of them). So sends are issued in time order and the first
+    that would crowd a capacity, or the first collective, is the cut: the pass stops there,
+    leaving the rest to the event loop."""
     prefix = Prefix()
     receives: dict[tuple[int, str], int] = {}  # (rank, tag) -> the receive's index
     streams: list[_Stream] = []
@@ -124,35 +131,42 @@ def time_prefix(engine: Engine) -> Prefix:
         ]
     waiting: dict[Key, list[_Stream]] = {}
     ready = deque(streams)
-    starts_left: list[float] = []  # when the first task that is not fixed-time would start
-    while ready:
-        stream = ready.popleft()
-        for index in _advance(engine, stream, prefix, waiting, starts_left):
-            key = (stream.rank, index)
-            if key in waiting:
-                ready.extend(waiting.pop(key))
-            if key in prefix.sends:
-                found = _arrival(engine, key, prefix, receives)
-                if found is not None and found in waiting:
-                    ready.extend(waiting.pop(found))
-    ends = [e for per_rank in prefix.end.values() for e in per_rank if e == e]
-    last = max(ends, default=0.0)  # all fixed-time: the event loop ends there
-    crowded = _first_crowding(prefix.sends.values(), engine.comms.topology.bandwidth_bytes_per_s)
-    prefix.cut_s = min([*starts_left, crowded, last])  # the tasks from then on: the event loop's
-    return prefix
+    paused: list[tuple[float, int, int, _Stream]] = []  # (start, rank, index of its comm)
+    holdings = Holdings(engine.comms.topology.bandwidth_bytes_per_s)
+    while True:
+        while ready:
+            stream = ready.popleft()
+            for index in _advance(stream, prefix, waiting, paused):
+                ready.extend(waiting.pop((stream.rank, index), ()))
+        if not paused:  # all fixed-time: the event loop ends with the last task
+            ends = [e for per_rank in prefix.end.values() for e in per_rank if e == e]
+            prefix.cut_s = max(ends, default=0.0)
+            return prefix
+        start, _, _, stream = heapq.heappop(paused)
+        task = stream.tasks[stream.pos]
+        end = _send_end(engine, stream.rank, task, start, prefix)
+        if end is None or holdings.crowds(prefix.sends[(stream.rank, task.index)]):
+            prefix.cut_s = start  # the tasks from then on: the event loop's
+            return prefix
+        _timed(stream, task, start, end, prefix)
+        ready.extend(waiting.pop((stream.rank, task.index), ()))
+        found = _arrival(engine, (stream.rank, task.index), prefix, receives)
+        if found is not None:
+            ready.extend(waiting.pop(found, ()))
+        ready.append(stream)
 
 
 def _advance(
-    engine: Engine,
     stream: _Stream,
     prefix: Prefix,
     waiting: dict[Key, list[_Stream]],
-    starts_left: list[float],
+    paused: list[tuple[float, int, int, _Stream]],
 ) -> Iterator[int]:
-    """Time the stream's tasks in order until one waits for a task not yet timed (the stream
-    waits for it) or is not fixed-time (the stream stops); yields the index of each task timed."""
+    """Time the stream's compute in order until a task waits for one not yet timed (the
+    stream waits for it) or communicates (the stream pauses at its start); yields the index
+    of each task timed."""
     rank, tasks, factor = stream.rank, stream.tasks, stream.factor
-    starts, ends = prefix.start[rank], prefix.end[rank]
+    ends = prefix.end[rank]
     while stream.pos < len(tasks):
         task = tasks[stream.pos]
         start = stream.free_s
@@ -163,19 +177,17 @@ def _advance(
                 return
             if end > start:
                 start = end
-        if task.comm is None:
-            end = start + task.duration_s * factor
-        else:
-            found = _send_end(engine, rank, task, start, prefix)
-            if found is None:
-                starts_left.append(start)
-                stream.pos = len(tasks)
-                return
-            end = found
-        starts[task.index], ends[task.index] = start, end
-        stream.free_s = end
-        stream.pos += 1
+        if task.comm is not None:
+            heapq.heappush(paused, (start, rank, task.index, stream))
+            return
+        _timed(stream, task, start, start + task.duration_s * factor, prefix)
         yield task.index
+
+
+def _timed(stream: _Stream, task: Task, start: float, end: float, prefix: Prefix) -> None:
+    prefix.start[stream.rank][task.index], prefix.end[stream.rank][task.index] = start, end
+    stream.free_s = end
+    stream.pos += 1
 
 
 def _send_end(engine: Engine, rank: int, task: Task, start: float, prefix: Prefix) -> float | None:
@@ -220,48 +232,49 @@ def _arrival(
     return peer, found
 
 
-def _first_crowding(sends: Iterable[LoneSend], capacity: FloatArray) -> float:
-    """The first moment a send is issued onto a capacity that the sends holding it would then
-    overfill. Until then every send moves at its lone rate even where sends share a capacity
-    (the rates fit, so each keeps its own narrowest link: the max-min rates are the lone
-    ones), and the event loop, which would make flows of them, gives the same times."""
-    table = _holdings(sends)  # (capacity, issued, ended, load), by capacity and issue
-    if len(table) < 2:
-        return float("inf")
-    # capacities some send reaches while another holds it (up to the first such meeting a
-    # capacity's sends are disjoint: comparing each with the one before finds it)
-    meets = (table[1:, 0] == table[:-1, 0]) & (table[1:, 1] <= table[:-1, 2])
-    shared = table[np.isin(table[:, 0], table[1:, 0][meets])]
-    if not len(shared):
-        return float("inf")
-    # (capacity, time, 0 issued / 1 ended, load change)
-    issued = np.column_stack((shared[:, [0, 1]], np.zeros(len(shared)), shared[:, 3]))
-    ended = np.column_stack((shared[:, [0, 2]], np.ones(len(shared)), -shared[:, 3]))
-    changes = np.concatenate((issued, ended))
-    changes = changes[np.lexsort((changes[:, 2], changes[:, 1], changes[:, 0]))]
-    total = np.cumsum(changes[:, 3])
-    first = np.flatnonzero(np.r_[True, changes[1:, 0] != changes[:-1, 0]])
-    before = np.repeat(total[first] - changes[first, 3], np.diff(np.r_[first, len(changes)]))
-    over = total - before > capacity[changes[:, 0].astype(np.int64)] * (1 + _FIT)
-    return float(changes[over, 1].min()) if over.any() else float("inf")
+class Holdings:
+    """The sends holding each capacity, fed in the order they are issued: the first send
+    issued onto a capacity that the sends holding it would then overfill crowds it. Until then
+    every send moves at its lone rate even where sends share a capacity (the rates fit, so
+    each keeps its own narrowest link: the max-min rates are the lone ones), and the event
+    loop, which would make flows of them, gives the same times. A send holds its capacities
+    from its issue to its last byte (at an instant, issues count before ends)."""
+
+    def __init__(self, capacity: FloatArray) -> None:
+        self.capacity = capacity
+        # capacity -> [load of the sends holding it, heap of (their ends, their loads)]
+        self.held: dict[int, list[Any]] = {}
+        self._limits: dict[int, list[tuple[int, float, float]]] = {}  # by id of the terms
+
+    def crowds(self, send: LoneSend) -> bool:
+        """Whether `send` crowds a capacity; if not, it holds them from now on."""
+        t, held = send.start, self.held
+        terms = self._limits.get(id(send.terms))
+        if terms is None:  # few kinds of send, many of each
+            loads = zip(send.terms.resources, send.terms.loads, strict=True)
+            fits = float(1 + _FIT)
+            terms = [(r, x, float(self.capacity[r]) * fits) for r, x in loads]
+            self._limits[id(send.terms)] = terms
+        for resource, load, limit in terms:
+            holding = held.get(resource)
+            if holding is None:
+                continue
+            ends = holding[1]
+            while ends and ends[0][0] < t:  # ended before now
+                holding[0] -= heapq.heappop(ends)[1]
+            if ends and holding[0] + load > limit:
+                return True
+        for resource, load, _ in terms:
+            holding = held.setdefault(resource, [0.0, []])
+            holding[0] += load
+            heapq.heappush(holding[1], (send.ends, load))
+        return False
 
 
-def _holdings(sends: Iterable[LoneSend]) -> npt.NDArray[np.float64]:
-    """A row per send and capacity it holds: (capacity, issued, ended, its load there)."""
-    by_terms: dict[int, tuple[AloneTerms, list[tuple[float, float]]]] = {}
-    for send in sends:  # few kinds of send, many of each
-        by_terms.setdefault(id(send.terms), (send.terms, []))[1].append((send.start, send.ends))
-    parts = [np.zeros((0, 4))]
-    for terms, times in by_terms.values():
-        k, spans = len(terms.resources), np.asarray(times)
-        parts.append(
-            np.column_stack(
-                (
-                    np.tile(np.asarray(terms.resources, dtype=np.float64), len(spans)),
-                    np.repeat(spans, k, axis=0),
-                    np.tile(np.asarray(terms.loads), len(spans)),
-                )
-            )
-        )
-    table = np.concatenate(parts)
-    return table[np.lexsort((table[:, 1], table[:, 0]))]
+def first_crowding(sends: Iterable[LoneSend], capacity: FloatArray) -> float:
+    """The issue of the first send that crowds a capacity (`Holdings`), or infinity."""
+    holdings = Holdings(capacity)
+    for send in sorted(sends, key=lambda x: x.start):
+        if holdings.crowds(send):
+            return send.start
+    return float("inf")
