@@ -349,7 +349,10 @@ def map_row(row: dict[str, str], file: str) -> Case:
     assumed: list[str] = []
     notes: list[str] = []
     if text(row, "offload") not in ("", "none"):
-        raise Skip("CPU offload needs a host-Adam rate, which no GPU preset has")
+        raise Skip(
+            "CPU offload: the run's host Adam rate is not known (a GPU preset's is an upper "
+            "bound, its host's DRAM bandwidth shared by all its GPUs)"
+        )
     model = model_of(row, fw, assumed, notes)
     tp, pp, dp, vpp, micro, accum = layout(row, fw, assumed)
     if model.layers % (pp * vpp):  # zsim splits them as DeepSpeed's partition_uniform
