@@ -349,10 +349,7 @@ def map_row(row: dict[str, str], file: str) -> Case:
     assumed: list[str] = []
     notes: list[str] = []
     if text(row, "offload") not in ("", "none"):
-        raise Skip(
-            "CPU offload: the run's host Adam rate is not known (a GPU preset's is an upper "
-            "bound, its host's DRAM bandwidth shared by all its GPUs)"
-        )
+        raise Skip("CPU offload: the run's host Adam rate is not known (presets: an upper bound)")
     model = model_of(row, fw, assumed, notes)
     tp, pp, dp, vpp, micro, accum = layout(row, fw, assumed)
     if model.layers % (pp * vpp):  # zsim splits them as DeepSpeed's partition_uniform

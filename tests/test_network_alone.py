@@ -116,23 +116,3 @@ def test_a_flow_onto_a_copys_link_makes_flows_of_the_send_and_its_copies():
     assert ends["lone"] == pytest.approx(s / B, rel=1e-9)
     assert ends[0] == pytest.approx(copy_ends + (s - (copy_ends - t0) * B / 2) / B, rel=1e-9)
     assert net.flows_finished == 3
-
-
-def test_sends_resumed_on_one_capacity_go_on_as_flows_with_the_bytes_they_have_left():
-    # two sends out of GPU 0 that began at 0 (timed before now, as the engine's prefix hands
-    # them over at t0): from t0 they share the link, B/2 each, with s - B t0 left each
-    topo = uniform_star(4, B / 1e9, 0.0)
-    env = simpy.Environment()
-    net = FlowNetwork(env, topo)
-    s, t0 = 1e9, 0.02
-    env.run(until=t0)
-    events = []
-    for dst in (1, 2):
-        terms = net.alone_terms(0, dst)
-        assert terms is not None
-        events.append(env.event())
-        net.resume_alone(terms, s, 0.0, s / B, events[-1])
-    env.run()
-    assert all(e.triggered for e in events)
-    assert env.now == pytest.approx(t0 + 2 * (s - B * t0) / B, rel=1e-9)
-    assert net.flows_finished == 2

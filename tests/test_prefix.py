@@ -8,16 +8,14 @@ hold). Also: the prefix does take over a pipeline's steady state, and where send
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from tests.golden.network_scenarios import SCENARIOS
 from tests.golden.record_network import inputs
-from zsim.network.alone import AloneTerms
 from zsim.simulation import Report, simulate
 from zsim.step import engine as engine_module
 from zsim.step import prefix as prefix_module
-from zsim.step.prefix import LoneSend, Prefix, first_crowding
+from zsim.step.prefix import Prefix
 
 
 def _run(name: str) -> Report:
@@ -76,18 +74,3 @@ def test_a_pipelines_steady_state_is_the_prefixs(
     _run(name)
     ran, tasks = seen[0]
     assert ran >= share * tasks
-
-
-def _send(start: float, ends: float, resources: tuple[int, ...], load: float) -> LoneSend:
-    terms = AloneTerms(0, resources, 0.0, load, loads=(load,) * len(resources))
-    return LoneSend(terms, 1.0, start, start, ends)
-
-
-def test_sends_crowd_a_capacity_when_the_rates_of_those_holding_it_exceed_it():
-    capacity = np.full(8, 10.0)
-    apart = [_send(0.0, 1.0, (1, 2), 10.0), _send(1.5, 2.0, (2, 3), 10.0)]
-    assert first_crowding(apart, capacity) == float("inf")
-    fitting = [*apart, _send(0.5, 3.0, (4,), 4.0), _send(0.8, 2.0, (4, 5), 6.0)]
-    assert first_crowding(fitting, capacity) == float("inf")  # 4 + 6 fit in 10
-    crowding = [*fitting, _send(1.9, 2.5, (5, 4), 1.0), _send(1.8, 2.2, (3,), 1.0)]
-    assert first_crowding(crowding, capacity) == 1.8  # 11 on capacity 3 (and on 4 at 1.9)

@@ -81,11 +81,13 @@ class ActiveCohorts(Generic[C]):
     def shares(self, flow_set: int) -> bool:
         """Whether any active cohort shares a capacity with this flow set (`neighbours`,
         stopping at the first)."""
+        if not self._cohorts:
+            return False
         resources = self._of(flow_set)
         if resources is None:
             return bool(self.neighbours(flow_set))
-        held = self._by_resource  # a capacity is a key while some cohort holds it
-        if any(r in held for r in resources):
+        # a capacity is a key while some cohort holds it
+        if not self._by_resource.keys().isdisjoint(resources):
             return True
         overlap = self.sets.overlap
         return any(overlap(flow_set, self._cohorts[b].flow_set) for b in self._big)

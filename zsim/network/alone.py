@@ -7,6 +7,7 @@ converts it), so the times are those of simulating it as a flow throughout."""
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -71,22 +72,21 @@ class LoneTransfers:
         return len({id(lone) for lone in self._by_resource.values()})
 
     def add(self, lone: Lone) -> None:
-        for r in lone.resources:
-            self._by_resource[r] = lone
+        """A transfer on capacities none holds (one that would share them is a flow)."""
+        self._by_resource.update(dict.fromkeys(lone.resources, lone))
 
     def remove(self, lone: Lone) -> None:
         lone.active = False
-        for r in lone.resources:
-            if self._by_resource.get(r) is lone:
-                del self._by_resource[r]
+        deque(map(self._by_resource.pop, lone.resources), maxlen=0)  # each is its alone
 
     def holds_any(self, resources: tuple[int, ...]) -> bool:
         """Whether a transfer draws on any of these capacities (`on`, stopping at the first)."""
-        held = self._by_resource
-        return any(r in held for r in resources)
+        return not self._by_resource.keys().isdisjoint(resources)
 
     def on(self, resources: tuple[int, ...]) -> list[Lone]:
         """The transfers drawing on any of these capacities."""
+        if self._by_resource.keys().isdisjoint(resources):
+            return []
         found = {id(lone): lone for r in resources if (lone := self._by_resource.get(r))}
         return list(found.values())
 

@@ -12,37 +12,38 @@ from zsim.network.rates import FlowSets
 
 
 class Booked:
-    """Ended flows, by flow set: `book` them as they end; read per GPU, link or link class."""
+    """Ended flows, by flow set: `book` them as they end (summed per flow set: a pipeline ends
+    the same few kinds of flow thousands of times); read per GPU, link or link class."""
 
     def __init__(self, topology: Topology, sets: FlowSets) -> None:
         self.topology = topology
         self.sets = sets
         self.flows = 0  # how many flows have ended
-        self._ended: list[tuple[int, float]] = []  # (flow set, bytes per flow)
-        self._class_bytes = np.zeros(len(CLASSES))
+        self._ended: dict[int, float] = {}  # flow set -> bytes per flow, summed
 
     def book(self, flow_set: int, nbytes: float, times: int = 1) -> None:
         """Every flow of `flow_set` carried `nbytes` (`times` over)."""
-        flows = self.sets.flow_set(flow_set)
-        self.flows += times * flows.count
-        self._ended.append((flow_set, times * nbytes))
-        self._class_bytes += (times * nbytes) * flows.class_pairs
+        self.flows += times * self.sets.flow_set(flow_set).count
+        self._ended[flow_set] = self._ended.get(flow_set, 0.0) + times * nbytes
 
     def by_link_class(self) -> dict[LinkClass, float]:
         """Bytes carried so far, summed over the directed links of each class."""
+        total = np.zeros(len(CLASSES))
+        for flow_set, nbytes in self._ended.items():
+            total += nbytes * self.sets.flow_set(flow_set).class_pairs
         used = np.unique(self.topology.class_id)
-        return {CLASSES[i]: float(self._class_bytes[i]) for i in used.tolist()}
+        return {CLASSES[i]: float(total[i]) for i in used.tolist()}
 
     def per_link(self) -> FloatArray:
         out = np.zeros(self.topology.edge_count)
-        for flow_set, nbytes in self._ended:
+        for flow_set, nbytes in self._ended.items():
             np.add.at(out, self.sets.flow_set(flow_set).pair_edge, nbytes)
         return out
 
     def per_gpu(self, source: bool) -> FloatArray:
         """Bytes each GPU sent (`source`) or received."""
         out = np.zeros(self.topology.world_size)
-        for flow_set, nbytes in self._ended:
+        for flow_set, nbytes in self._ended.items():
             fs = self.sets.flow_set(flow_set)
             np.add.at(out, fs.src if source else fs.dst, nbytes)
         return out

@@ -187,7 +187,11 @@ class FlowNetwork:
             self._after(delay_s, lambda: self._start_flows(src, dst, nbytes, alongside, event))
             return event
         data_at = self.env.now + delay_s + terms.latency_s
-        self.resume_alone(terms, nbytes, data_at, data_at + nbytes / terms.rate, event)
+        lone = Lone(terms, nbytes, data_at, data_at + nbytes / terms.rate, event)
+        self._lone.add(lone)
+        self.env.timeout(max(lone.ends - self.env.now, 0.0)).callbacks.append(
+            lambda _e: self._lone_ends(lone)
+        )
         return event
 
     def _start_flows(
@@ -196,23 +200,6 @@ class FlowNetwork:
         copies = np.array(alongside, dtype=np.int64).reshape(-1, 2)
         self._start([FlowGroup(np.array([src]), np.array([dst]), nbytes)], event)
         self._start([FlowGroup(copies[:, 0], copies[:, 1], nbytes)], None)
-
-    def resume_alone(
-        self, terms: AloneTerms, nbytes: float, data_at: float, ends: float, event: simpy.Event
-    ) -> None:
-        """Time a send alone from now to `ends` (also one that began before now, timed by the
-        engine's fixed-time prefix); `event` fires when it ends. Sends the prefix let share a
-        capacity (their rates fit in it) become flows here, as `transfer_alone` makes them."""
-        lone = Lone(terms, nbytes, data_at, ends, event)
-        crowd = self._lone.on(terms.resources)
-        if crowd:  # sends the prefix timed side by side, their rates fitting: flows now
-            for other in [*crowd, lone]:
-                self._convert(other)
-            return
-        self._lone.add(lone)
-        self.env.timeout(max(lone.ends - self.env.now, 0.0)).callbacks.append(
-            lambda _e: self._lone_ends(lone)
-        )
 
     def _lone_ends(self, lone: Lone) -> None:
         if not lone.active:

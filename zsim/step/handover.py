@@ -1,10 +1,9 @@
-"""Handing a step over from its fixed-time prefix (`zsim.step.prefix`) to the event loop.
+"""Handing a step over from its prefix (`zsim.step.prefix`) to the event loop.
 
 The tasks the prefix ran are recorded as the event loop would have done it (their spans and
-fused passes; their pipeline traffic and the network's booked bytes tallied, booked once per
-kind with the event loop's at the end); those still running at the cut end in the event
-loop: compute after the time it has left, a send as the lone transfer it was, so a flow that
-later comes onto its links finds it.
+fused passes; their pipeline traffic tallied, booked once per kind with the event loop's at
+the end); those still running at the cut end in the event loop: compute after the time it
+has left, a send when its transfer, already on the engine's network, arrives.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ import simpy
 
 from zsim.network.collective import CollectiveCall
 from zsim.step import prefix as fixed
-from zsim.step.prefix import Key, LoneSend, Prefix
+from zsim.step.prefix import Key, Prefix
 from zsim.step.program import Part, Task
 from zsim.step.spans import FusedPass
 from zsim.step.traffic import Traffic
@@ -59,7 +58,6 @@ class Tally:
     templates: dict[int, tuple[Part, ...]] = field(default_factory=dict)
     sends: list[tuple[int, float, int, str]] = field(default_factory=list)
     kinds: dict[tuple[int, float, int, str], Task] = field(default_factory=dict)
-    alone: list[tuple[int, float]] = field(default_factory=list)  # (flow set, bytes) arrived
 
     def add_pass(self, rank: int, parts: tuple[Part, ...]) -> None:
         self.passes.append((rank, id(parts)))
@@ -72,15 +70,12 @@ class Tally:
         self.kinds[kind] = task
 
     def book(self, engine: Engine) -> None:
-        """Book every entry: the passes' collectives and the sends to the engine's traffic,
-        the prefix's sends that arrived to the network's booked bytes."""
+        """Book every entry: the passes' collectives and the sends to the engine's traffic."""
         for (rank, template), times in Counter(self.passes).items():
             engine.traffic.book_pass(rank, self.templates[template], engine.pass_calls, times)
         for kind, times in Counter(self.sends).items():
             engine.book_send(kind[0], self.kinds[kind], times)
-        for (flow_set, nbytes), times in Counter(self.alone).items():
-            engine.comms.network.booked.book(flow_set, nbytes, times)
-        self.passes, self.sends, self.alone = [], [], []
+        self.passes, self.sends = [], []
 
 
 def _replay_rank(
@@ -103,12 +98,10 @@ def _replay_rank(
                 record(rank, task, prefix.sent_at[(rank, index)], end)
             continue
         elif task.comm is not None:
-            send = prefix.sends[(rank, index)]
             tally.add_send(rank, task)
             if not finished:
-                running[(rank, index)] = continue_send(engine, rank, task, send)
+                running[(rank, index)] = in_flight(engine, rank, task, prefix)
                 continue
-            tally.alone += [(flow_set, send.nbytes) for flow_set in send.terms.flow_sets]
         if not finished:
             running[(rank, index)] = engine.env.timeout(end - engine.env.now)
         elif not task.parts:
@@ -121,14 +114,17 @@ def _fused(rank: int, task: Task, start: float) -> FusedPass:
     )
 
 
-def continue_send(engine: Engine, rank: int, task: Task, send: LoneSend) -> simpy.Event:
-    """A send in flight at the cut: on the network again as the lone transfer it was."""
+def in_flight(engine: Engine, rank: int, task: Task, prefix: Prefix) -> simpy.Event:
+    """A send still moving at the cut: its transfer goes on; its receive ends when it arrives
+    (one that arrived at the cut itself, the end of a step without collectives, ends now)."""
     assert task.comm is not None
-    event = engine.env.event()
-    engine.comms.network.resume_alone(send.terms, send.nbytes, send.data_at, send.ends, event)
+    transfer = prefix.transfers[(rank, task.index)]
+    if transfer.processed:
+        transfer = engine.env.timeout(prefix.end[rank][task.index] - engine.env.now)
     peer, tag = engine.peer(rank, task.comm.peer), task.comm.tag
-    event.callbacks.append(lambda _: engine.deliver(peer, tag, send.start))
-    return event
+    sent_at = prefix.start[rank][task.index]
+    transfer.callbacks.append(lambda _: engine.deliver(peer, tag, sent_at))
+    return transfer
 
 
 def resume(

@@ -1,16 +1,16 @@
-"""The fixed-time prefix of a step, timed as a longest path through its task graph.
+"""The prefix of a step up to its first collective, timed without a process per task.
 
-Until the first collective starts (or two sends would meet on a capacity), every task of a step
-takes a time known in advance: compute and fused passes their durations, a pipeline send alone
-on its links its call latency, its route's latency and its bytes at the lone rate
-(`zsim.network.alone`). The event loop would then start each task when its stream is free and
-its dependencies are done, which is the longest path through the same DAG: this pass computes
-those times directly, with no simpy event per task. The engine simulates only what starts from
-the cut on (the earliest start of a task that is not fixed-time, or of a send that would share
-a capacity with one still moving), taking over the sends still in flight, so the answer is the
-event loop's. The pass issues sends in time order and stops at the cut: what it would time
-beyond it the loop times again. A pipeline's warm-up and steady state are all prefix unless
-its sends crowd a link; its cool-down, gradient reductions and optimizer step are simulated.
+Until the first collective starts, a step's compute takes times known in advance (its tasks'
+durations) and only its sends depend on the network. The event loop would start each task
+when its stream is free and its dependencies are done: a longest path through the task graph.
+This pass computes it directly, with no simpy process or event per task: each stream's
+compute runs ahead until it waits for a task not yet timed or reaches a send or a collective,
+where it pauses; the paused ones resume in the order of those tasks' starts (every task not
+yet timed starts no earlier than the earliest of them), and the sends are issued on the
+engine's own network (`Communicator.send`) at their starts, between its events, in time order.
+So sends that share a capacity share it as the event loop would share it: the same network,
+the same calls at the same times. The pass stops at the first collective (the cut); the
+engine simulates what starts from then on, with the sends still in flight where they are.
 """
 
 from __future__ import annotations
@@ -18,20 +18,18 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
+import simpy
 
-from zsim.cluster.build import FloatArray
-from zsim.network.alone import AloneTerms
 from zsim.network.collective import CollectiveCall, CollectiveOp
 from zsim.network.communicator import Communicator
 from zsim.step.program import Comm, Program, Stream, Task
 
 Key = tuple[int, int]  # (rank, task index)
-_FIT = 1e-9  # relative: sends filling a capacity to within this still fit
 _UNTIMED = math.nan  # a task's start and end until the pass times it (compares false)
 
 
@@ -49,18 +47,6 @@ class Engine(Protocol):
 
 
 @dataclass(slots=True)
-class LoneSend:
-    """A send of the prefix, timed alone: issued at `start`, its data from `data_at`, its last
-    byte at `ends` (the capacities are held from issue to end, as `LoneTransfers` holds them)."""
-
-    terms: AloneTerms
-    nbytes: float
-    start: float
-    data_at: float
-    ends: float
-
-
-@dataclass(slots=True)
 class _Stream:
     rank: int
     tasks: list[Task]
@@ -72,23 +58,20 @@ class _Stream:
 @dataclass
 class Prefix:
     """Task times up to the cut: the `start` and `end` of every task of each rank, by task
-    index (NaN where the pass could not time it; those from the cut on are simulated again),
-    the sends among them, and the receives' send times."""
+    index (NaN where the pass did not time it; those from the cut on are simulated again),
+    the sends' transfers on the network, and the receives' send times."""
 
     cut_s: float = 0.0
     start: dict[int, list[float]] = field(default_factory=dict)  # rank -> by task index
     end: dict[int, list[float]] = field(default_factory=dict)
-    sends: dict[Key, LoneSend] = field(default_factory=dict)
+    transfers: dict[Key, simpy.Event] = field(default_factory=dict)  # send -> its arrival
     sent_at: dict[Key, float] = field(default_factory=dict)  # receive -> its send's issue
-    # (rank, bytes, peer) -> how such a send is timed alone (None: it cannot be)
-    send_terms: dict[tuple[int, float, int], tuple[AloneTerms, float, float] | None] = field(
-        default_factory=dict
-    )
 
     def ran(self, rank: int, index: int) -> bool:
-        """Whether the task started before the cut: it is the prefix's."""
+        """Whether the pass started the task by the cut: it is the prefix's (a send issued at
+        the cut's instant is on the network already; a stream's timed tasks come first)."""
         starts = self.start.get(rank)
-        return starts is not None and starts[index] < self.cut_s  # NaN: False
+        return starts is not None and starts[index] <= self.cut_s  # NaN: False
 
     def finished_mask(self, rank: int, tasks: int) -> list[bool]:
         """By task index, whether each of the rank's `tasks` ended before the cut."""
@@ -99,24 +82,18 @@ class Prefix:
         return ended
 
     def ran_indices(self, rank: int) -> list[int]:
-        """The rank's tasks that are the prefix's, in index order."""
+        """The rank's tasks that are the prefix's (`ran`), in index order."""
         starts = self.start.get(rank)
         if starts is None:
             return []
-        return np.flatnonzero(np.asarray(starts) < self.cut_s).tolist()
+        return np.flatnonzero(np.asarray(starts) <= self.cut_s).tolist()
 
 
 def time_prefix(engine: Engine) -> Prefix:
-    """Time every task that does not depend on a collective's or a shared send's time.
-
-    Compute runs ahead along each stream; a stream pauses at each send or collective, and the
-    paused ones resume in the order of those tasks' starts (every task not yet timed starts
-    no earlier than the earliest of them). So sends are issued in time order and the first
-    that would crowd a capacity, or the first collective, is the cut: the pass stops there,
-    leaving the rest to the event loop."""
+    """Time every task that starts before the step's first collective."""
     prefix = Prefix()
     receives: dict[tuple[int, str], int] = {}  # (rank, tag) -> the receive's index
-    streams: list[_Stream] = []
+    timing = _Pass(engine, prefix, receives)
     for rank in engine.ranks:
         program = engine.programs[engine.coords(rank)[1]]
         prefix.start[rank] = [_UNTIMED] * len(program.tasks)
@@ -125,156 +102,95 @@ def time_prefix(engine: Engine) -> Prefix:
             if task.receives:
                 assert task.comm is not None
                 receives[(rank, task.comm.tag)] = task.index
-        streams += [
+        timing.ready += [
             _Stream(rank, tasks, engine.kernel_factor(rank, stream))
             for stream, tasks in program.streams().items()
         ]
-    waiting: dict[Key, list[_Stream]] = {}
-    ready = deque(streams)
-    paused: list[tuple[float, int, int, _Stream]] = []  # (start, rank, index of its comm)
-    holdings = Holdings(engine.comms.topology.bandwidth_bytes_per_s)
-    while True:
-        while ready:
-            stream = ready.popleft()
-            for index in _advance(stream, prefix, waiting, paused):
-                ready.extend(waiting.pop((stream.rank, index), ()))
-        if not paused:  # all fixed-time: the event loop ends with the last task
-            ends = [e for per_rank in prefix.end.values() for e in per_rank if e == e]
-            prefix.cut_s = max(ends, default=0.0)
-            return prefix
-        start, _, _, stream = heapq.heappop(paused)
-        task = stream.tasks[stream.pos]
-        end = _send_end(engine, stream.rank, task, start, prefix)
-        if end is None or holdings.crowds(prefix.sends[(stream.rank, task.index)]):
-            prefix.cut_s = start  # the tasks from then on: the event loop's
-            return prefix
-        _timed(stream, task, start, end, prefix)
-        ready.extend(waiting.pop((stream.rank, task.index), ()))
-        found = _arrival(engine, (stream.rank, task.index), prefix, receives)
-        if found is not None:
-            ready.extend(waiting.pop(found, ()))
-        ready.append(stream)
+    prefix.cut_s = timing.until_cut()
+    return prefix
 
 
-def _advance(
-    stream: _Stream,
-    prefix: Prefix,
-    waiting: dict[Key, list[_Stream]],
-    paused: list[tuple[float, int, int, _Stream]],
-) -> Iterator[int]:
-    """Time the stream's compute in order until a task waits for one not yet timed (the
-    stream waits for it) or communicates (the stream pauses at its start); yields the index
-    of each task timed."""
-    rank, tasks, factor = stream.rank, stream.tasks, stream.factor
-    ends = prefix.end[rank]
-    while stream.pos < len(tasks):
-        task = tasks[stream.pos]
-        start = stream.free_s
-        for dep in task.deps:
-            end = ends[dep.index]
-            if end != end:  # NaN: not timed yet
-                waiting.setdefault((rank, dep.index), []).append(stream)
-                return
-            if end > start:
-                start = end
-        if task.comm is not None:
-            heapq.heappush(paused, (start, rank, task.index, stream))
-            return
-        _timed(stream, task, start, start + task.duration_s * factor, prefix)
-        yield task.index
+class _Pass:
+    """The pass's state: streams ready to advance, those waiting for a task, those paused at a
+    send or a collective (by its start), and the network's clock."""
 
+    def __init__(self, engine: Engine, prefix: Prefix, receives: dict[tuple[int, str], int]):
+        self.engine, self.prefix, self.receives = engine, prefix, receives
+        self.env = engine.comms.env
+        self.ready: deque[_Stream] = deque()
+        self.waiting: dict[Key, list[_Stream]] = {}
+        self.paused: list[tuple[float, int, int, _Stream]] = []  # (start, rank, index, stream)
+        self.open = True  # once cut, the transfers' arrivals are the event loop's
 
-def _timed(stream: _Stream, task: Task, start: float, end: float, prefix: Prefix) -> None:
-    prefix.start[stream.rank][task.index], prefix.end[stream.rank][task.index] = start, end
-    stream.free_s = end
-    stream.pos += 1
-
-
-def _send_end(engine: Engine, rank: int, task: Task, start: float, prefix: Prefix) -> float | None:
-    """When a send started at `start` ends, if it can be timed alone (None for a collective or
-    a send that cannot be), as the event loop computes it."""
-    comm = task.comm
-    assert comm is not None
-    if comm.op is not CollectiveOp.SEND_RECV:
-        return None
-    key = (rank, comm.nbytes, comm.peer)
-    if key not in prefix.send_terms:
-        alone = engine.comms.lone_send(*engine.send_calls(rank, comm))
-        terms = engine.comms.network.alone_terms(alone[0], alone[1], alone[4]) if alone else None
-        timed = None
-        if alone is not None and terms is not None and alone[2] > 0:
-            timed = (terms, alone[2], alone[3])
-        prefix.send_terms[key] = timed
-    found = prefix.send_terms[key]
-    if found is None:
-        return None
-    terms, nbytes, delay_s = found
-    data_at = start + delay_s + terms.latency_s  # as `FlowNetwork.transfer_alone` adds them
-    ends = data_at + nbytes / terms.rate
-    prefix.sends[(rank, task.index)] = LoneSend(terms, nbytes, start, data_at, ends)
-    return start + max(ends - start, 0.0)  # a timeout of what is left, as the network waits
-
-
-def _arrival(
-    engine: Engine, key: Key, prefix: Prefix, receives: dict[tuple[int, str], int]
-) -> Key | None:
-    """A timed send completes its receive: the receive ends when the data has arrived."""
-    rank, index = key
-    comm = engine.programs[engine.coords(rank)[1]].tasks[index].comm
-    assert comm is not None
-    peer = engine.peer(rank, comm.peer)
-    found = receives.get((peer, comm.tag))
-    if found is None:
-        return None
-    prefix.sent_at[(peer, found)] = prefix.start[rank][index]
-    prefix.start[peer][found] = prefix.start[rank][index]
-    prefix.end[peer][found] = prefix.end[rank][index]
-    return peer, found
-
-
-class Holdings:
-    """The sends holding each capacity, fed in the order they are issued: the first send
-    issued onto a capacity that the sends holding it would then overfill crowds it. Until then
-    every send moves at its lone rate even where sends share a capacity (the rates fit, so
-    each keeps its own narrowest link: the max-min rates are the lone ones), and the event
-    loop, which would make flows of them, gives the same times. A send holds its capacities
-    from its issue to its last byte (at an instant, issues count before ends)."""
-
-    def __init__(self, capacity: FloatArray) -> None:
-        self.capacity = capacity
-        # capacity -> [load of the sends holding it, heap of (their ends, their loads)]
-        self.held: dict[int, list[Any]] = {}
-        self._limits: dict[int, list[tuple[int, float, float]]] = {}  # by id of the terms
-
-    def crowds(self, send: LoneSend) -> bool:
-        """Whether `send` crowds a capacity; if not, it holds them from now on."""
-        t, held = send.start, self.held
-        terms = self._limits.get(id(send.terms))
-        if terms is None:  # few kinds of send, many of each
-            loads = zip(send.terms.resources, send.terms.loads, strict=True)
-            fits = float(1 + _FIT)
-            terms = [(r, x, float(self.capacity[r]) * fits) for r, x in loads]
-            self._limits[id(send.terms)] = terms
-        for resource, load, limit in terms:
-            holding = held.get(resource)
-            if holding is None:
+    def until_cut(self) -> float:
+        """Advance everything up to the first collective; its start (the cut), or the end of
+        the last task when there is none."""
+        env = self.env
+        while True:
+            while self.ready:
+                self._advance(self.ready.popleft())
+            issue_at = self.paused[0][0] if self.paused else math.inf
+            if env.peek() < issue_at:  # the network's events before the next issue
+                env.step()
                 continue
-            ends = holding[1]
-            while ends and ends[0][0] < t:  # ended before now
-                holding[0] -= heapq.heappop(ends)[1]
-            if ends and holding[0] + load > limit:
-                return True
-        for resource, load, _ in terms:
-            holding = held.setdefault(resource, [0.0, []])
-            holding[0] += load
-            heapq.heappush(holding[1], (send.ends, load))
-        return False
+            if not self.paused:
+                self.open = False
+                ends = [e for per_rank in self.prefix.end.values() for e in per_rank if e == e]
+                return max(ends, default=0.0)
+            start, _, _, stream = heapq.heappop(self.paused)
+            task = stream.tasks[stream.pos]
+            assert task.comm is not None
+            if task.comm.op is not CollectiveOp.SEND_RECV:
+                self.open = False
+                return start
+            if start > env.now:
+                env._now = start  # nothing is due before: simpy's clock moves as run() would
+            self._issue(stream, task, task.comm, start)
 
+    def _advance(self, stream: _Stream) -> None:
+        """Time the stream's compute in order until a task waits for one not yet timed (the
+        stream waits for it) or communicates (the stream pauses at its start)."""
+        rank, tasks, factor = stream.rank, stream.tasks, stream.factor
+        starts, ends = self.prefix.start[rank], self.prefix.end[rank]
+        while stream.pos < len(tasks):
+            task = tasks[stream.pos]
+            start = stream.free_s
+            for dep in task.deps:
+                end = ends[dep.index]
+                if end != end:  # NaN: not timed yet
+                    self.waiting.setdefault((rank, dep.index), []).append(stream)
+                    return
+                if end > start:
+                    start = end
+            if task.comm is not None:
+                heapq.heappush(self.paused, (start, rank, task.index, stream))
+                return
+            starts[task.index] = start
+            ends[task.index] = stream.free_s = start + task.duration_s * factor
+            stream.pos += 1
+            self.ready.extend(self.waiting.pop((rank, task.index), ()))
 
-def first_crowding(sends: Iterable[LoneSend], capacity: FloatArray) -> float:
-    """The issue of the first send that crowds a capacity (`Holdings`), or infinity."""
-    holdings = Holdings(capacity)
-    for send in sorted(sends, key=lambda x: x.start):
-        if holdings.crowds(send):
-            return send.start
-    return float("inf")
+    def _issue(self, stream: _Stream, task: Task, comm: Comm, start: float) -> None:
+        """The send, on the network now, as the engine sends it; it ends when it arrives."""
+        rank = stream.rank
+        transfer = self.engine.comms.send(*self.engine.send_calls(rank, comm))
+        self.prefix.start[rank][task.index] = start
+        self.prefix.transfers[(rank, task.index)] = transfer
+        transfer.callbacks.append(lambda _event: self._arrived(stream, task, comm, start))
+
+    def _arrived(self, stream: _Stream, task: Task, comm: Comm, start: float) -> None:
+        """A send's data has arrived: the send ends, so does its receive, and the sender's
+        stream goes on."""
+        if not self.open:
+            return
+        now, rank = self.env.now, stream.rank
+        self.prefix.end[rank][task.index] = stream.free_s = now
+        stream.pos += 1
+        self.ready.append(stream)
+        self.ready.extend(self.waiting.pop((rank, task.index), ()))
+        peer = self.engine.peer(rank, comm.peer)
+        found = self.receives.get((peer, comm.tag))
+        if found is not None:
+            self.prefix.sent_at[(peer, found)] = start
+            self.prefix.start[peer][found], self.prefix.end[peer][found] = start, now
+            self.ready.extend(self.waiting.pop((peer, found), ()))
