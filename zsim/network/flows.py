@@ -121,7 +121,8 @@ class FlowNetwork:
         self._wake_at: float | None = None
         self._settle_pending = False
         self._lone = LoneTransfers()
-        self._alone_terms: dict[tuple[object, ...], AloneTerms | None] = {}
+        # (src, dst, id of the copies) -> (how it is timed alone, the copies, kept alive)
+        self._alone_terms: dict[tuple[int, int, int], tuple[AloneTerms | None, Pairs]] = {}
         self.booked = Booked(topology, self.sets)
         self.recomputations = 0
 
@@ -162,10 +163,12 @@ class FlowNetwork:
     def alone_terms(self, src: int, dst: int, alongside: Pairs = ()) -> AloneTerms | None:
         """How a send src -> dst (with copies `alongside` that only load the links) is timed
         alone, memoised; None when it cannot be (`zsim.network.alone.solve_alone`)."""
-        key = (src, dst, alongside)
-        if key not in self._alone_terms:
-            self._alone_terms[key] = solve_alone(self.sets, self._index, src, dst, alongside)
-        return self._alone_terms[key]
+        key = (src, dst, id(alongside))  # a pipeline repeats a send with the same copies
+        found = self._alone_terms.get(key)
+        if found is None or found[1] is not alongside:
+            terms = solve_alone(self.sets, self._index, src, dst, alongside)
+            found = self._alone_terms[key] = (terms, alongside)  # holding it keeps its id
+        return found[0]
 
     def transfer_alone(
         self, src: int, dst: int, nbytes: float, delay_s: float, alongside: Pairs = ()
@@ -174,24 +177,25 @@ class FlowNetwork:
         latency, timed alone while nothing shares its capacities (`zsim.network.alone`); the
         event fires when its last byte arrives. `alongside`: its copies, which only load the
         links (started as flows with it when it cannot be timed alone)."""
-        event = self.env.event()
+        env = self.env
+        event = env.event()
         terms = self.alone_terms(src, dst, alongside)
         if (
             terms is None
             or nbytes <= 0
-            or any(self._index.shares(f) for f in terms.flow_sets)
+            or self._index.shares(terms.flow_set)
+            or (terms.alongside >= 0 and self._index.shares(terms.alongside))
             or self._lone.holds_any(terms.resources)
         ):
             for other in self._lone.on(terms.resources if terms else ()):
                 self._convert(other)  # two sends on one capacity: both are flows
             self._after(delay_s, lambda: self._start_flows(src, dst, nbytes, alongside, event))
             return event
-        data_at = self.env.now + delay_s + terms.latency_s
+        data_at = env.now + delay_s + terms.latency_s
         lone = Lone(terms, nbytes, data_at, data_at + nbytes / terms.rate, event)
         self._lone.add(lone)
-        self.env.timeout(max(lone.ends - self.env.now, 0.0)).callbacks.append(
-            lambda _e: self._lone_ends(lone)
-        )
+        ends = env.timeout(max(lone.ends - env.now, 0.0))
+        ends.callbacks.append(lambda _e: self._lone_ends(lone))
         return event
 
     def _start_flows(

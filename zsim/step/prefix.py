@@ -125,19 +125,20 @@ class _Pass:
     def until_cut(self) -> float:
         """Advance everything up to the first collective; its start (the cut), or the end of
         the last task when there is none."""
-        env = self.env
+        env, ready, paused, advance = self.env, self.ready, self.paused, self._advance
+        peek, step = env.peek, env.step
         while True:
-            while self.ready:
-                self._advance(self.ready.popleft())
-            issue_at = self.paused[0][0] if self.paused else math.inf
-            if env.peek() < issue_at:  # the network's events before the next issue
-                env.step()
+            while ready:
+                advance(ready.popleft())
+            issue_at = paused[0][0] if paused else math.inf
+            if peek() < issue_at:  # the network's events before the next issue
+                step()
                 continue
-            if not self.paused:
+            if not paused:
                 self.open = False
                 ends = [e for per_rank in self.prefix.end.values() for e in per_rank if e == e]
                 return max(ends, default=0.0)
-            start, _, _, stream = heapq.heappop(self.paused)
+            start, _, _, stream = heapq.heappop(paused)
             task = stream.tasks[stream.pos]
             assert task.comm is not None
             if task.comm.op is not CollectiveOp.SEND_RECV:
