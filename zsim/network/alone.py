@@ -42,8 +42,9 @@ MAX_COPY_RESOURCES = 4096  # capacities a send's copies may draw on and still be
 @dataclass(eq=False)
 class Lone:
     """A transfer timed alone (`terms`): `nbytes` moving from `data_at` at the lone rate until
-    `ends`; `event` fires then (or when it ends as a flow, once converted). Its copies on other
-    ranks (`terms.alongside`), which only load the links, move with it at the same rate."""
+    `ends`, when `event` (a timeout) fires; converted to a flow, its callbacks move to the
+    flow's end. Its copies on other ranks (`terms.alongside`), which only load the links, move
+    with it at the same rate."""
 
     terms: AloneTerms
     nbytes: float

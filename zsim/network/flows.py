@@ -178,7 +178,6 @@ class FlowNetwork:
         event fires when its last byte arrives. `alongside`: its copies, which only load the
         links (started as flows with it when it cannot be timed alone)."""
         env = self.env
-        event = env.event()
         terms = self.alone_terms(src, dst, alongside)
         if (
             terms is None
@@ -189,14 +188,16 @@ class FlowNetwork:
         ):
             for other in self._lone.on(terms.resources if terms else ()):
                 self._convert(other)  # two sends on one capacity: both are flows
+            event = env.event()
             self._after(delay_s, lambda: self._start_flows(src, dst, nbytes, alongside, event))
             return event
         data_at = env.now + delay_s + terms.latency_s
-        lone = Lone(terms, nbytes, data_at, data_at + nbytes / terms.rate, event)
+        ends = data_at + nbytes / terms.rate
+        arrival = env.timeout(max(ends - env.now, 0.0))  # the caller's callbacks follow ours
+        lone = Lone(terms, nbytes, data_at, ends, arrival)
+        arrival.callbacks.append(lambda _e: self._lone_ends(lone))
         self._lone.add(lone)
-        ends = env.timeout(max(lone.ends - env.now, 0.0))
-        ends.callbacks.append(lambda _e: self._lone_ends(lone))
-        return event
+        return arrival
 
     def _start_flows(
         self, src: int, dst: int, nbytes: float, alongside: Pairs, event: simpy.Event
@@ -211,14 +212,16 @@ class FlowNetwork:
         self._lone.remove(lone)
         for flow_set in lone.terms.flow_sets:
             self.booked.book(flow_set, lone.nbytes)
-        lone.event.succeed()
 
     def _convert(self, lone: Lone) -> None:
         """A transfer timed alone joins the network as a flow, with the bytes it has left (its
-        copies as flows nobody waits for)."""
+        copies as flows nobody waits for); the callbacks its arrival had, but ours, move to
+        the flow's end (its timeout fires at the old time with nothing left to do)."""
         self._lone.remove(lone)
+        moved = self.env.event()
+        moved.callbacks, lone.event.callbacks = lone.event.callbacks[1:], lone.event.callbacks[:1]
         for flow_set in lone.terms.flow_sets:
-            self._rejoin(flow_set, lone, lone.event if flow_set == lone.terms.flow_set else None)
+            self._rejoin(flow_set, lone, moved if flow_set == lone.terms.flow_set else None)
 
     def _rejoin(self, flow_set: int, lone: Lone, event: simpy.Event | None) -> None:
         now = self.env.now

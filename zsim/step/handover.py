@@ -118,8 +118,8 @@ def in_flight(engine: Engine, rank: int, task: Task, prefix: Prefix) -> simpy.Ev
     """A send still moving at the cut: its transfer goes on; its receive ends when it arrives
     (one that arrived at the cut itself, the end of a step without collectives, ends now)."""
     assert task.comm is not None
-    transfer = prefix.transfers[(rank, task.index)]
-    if transfer.processed:
+    transfer = prefix.arrivals.get((rank, task.index))
+    if transfer is None:  # it arrived at the cut itself: it ends now
         transfer = engine.env.timeout(prefix.end[rank][task.index] - engine.env.now)
     peer, tag = engine.peer(rank, task.comm.peer), task.comm.tag
     sent_at = prefix.start[rank][task.index]

@@ -59,12 +59,12 @@ class _Stream:
 class Prefix:
     """Task times up to the cut: the `start` and `end` of every task of each rank, by task
     index (NaN where the pass did not time it; those from the cut on are simulated again),
-    the sends' transfers on the network, and the receives' send times."""
+    the arrivals of the sends still moving at the cut, and the receives' send times."""
 
     cut_s: float = 0.0
     start: dict[int, list[float]] = field(default_factory=dict)  # rank -> by task index
     end: dict[int, list[float]] = field(default_factory=dict)
-    transfers: dict[Key, simpy.Event] = field(default_factory=dict)  # send -> its arrival
+    arrivals: dict[Key, simpy.Event] = field(default_factory=dict)  # a send moving at the cut
     sent_at: dict[Key, float] = field(default_factory=dict)  # receive -> its send's issue
 
     def ran(self, rank: int, index: int) -> bool:
@@ -120,7 +120,8 @@ class _Pass:
         self.ready: deque[_Stream] = deque()
         self.waiting: dict[Key, list[_Stream]] = {}
         self.paused: list[tuple[float, int, int, _Stream]] = []  # (start, rank, index, stream)
-        self.open = True  # once cut, the transfers' arrivals are the event loop's
+        self.moving: set[Key] = set()  # sends issued, not yet arrived
+        self.open = True  # once cut, the sends' arrivals are the event loop's
 
     def until_cut(self) -> float:
         """Advance everything up to the first collective; its start (the cut), or the end of
@@ -135,14 +136,14 @@ class _Pass:
                 step()
                 continue
             if not paused:
-                self.open = False
+                self._close()
                 ends = [e for per_rank in self.prefix.end.values() for e in per_rank if e == e]
                 return max(ends, default=0.0)
             start, _, _, stream = heapq.heappop(paused)
             task = stream.tasks[stream.pos]
             assert task.comm is not None
             if task.comm.op is not CollectiveOp.SEND_RECV:
-                self.open = False
+                self._close()
                 return start
             if start > env.now:
                 env._now = start  # nothing is due before: simpy's clock moves as run() would
@@ -176,15 +177,24 @@ class _Pass:
         rank = stream.rank
         transfer = self.engine.comms.send(*self.engine.send_calls(rank, comm))
         self.prefix.start[rank][task.index] = start
-        self.prefix.transfers[(rank, task.index)] = transfer
+        self.moving.add((rank, task.index))
         transfer.callbacks.append(lambda _event: self._arrived(stream, task, comm, start))
+
+    def _close(self) -> None:
+        """The cut: the sends still moving arrive in the event loop (each `arrivals` event
+        fires when its data has arrived)."""
+        self.open = False
+        self.prefix.arrivals = {key: self.env.event() for key in self.moving}
 
     def _arrived(self, stream: _Stream, task: Task, comm: Comm, start: float) -> None:
         """A send's data has arrived: the send ends, so does its receive, and the sender's
         stream goes on."""
+        rank = stream.rank
+        self.moving.discard((rank, task.index))
         if not self.open:
+            self.prefix.arrivals[(rank, task.index)].succeed()
             return
-        now, rank = self.env.now, stream.rank
+        now = self.env.now
         self.prefix.end[rank][task.index] = stream.free_s = now
         stream.pos += 1
         self.ready.append(stream)
