@@ -1,10 +1,11 @@
-"""The fixed-time prefix (zsim.step.prefix): times computed as a longest path, then handed over
-to the event loop. A consistency check between two ways of running the same model: on every
-network scenario of tests/golden/network_scenarios.py (pipelines with sends sharing NICs, rails,
-oversubscribed fat trees, stragglers with every rank simulated, ZeRO-3, offload, gloo), the step
-with the prefix gives the spans, fused passes, traffic and bytes per link class of the step run
-wholly on the event loop (the engine before the prefix existed, whose answers the golden files
-hold). Also: the prefix does take over a pipeline's steady state, and where sends crowd a link."""
+"""The prefix (zsim.step.prefix): compute timed as a longest path, sends issued on the engine's
+own network in time order, then handed over to the event loop at the first collective. A
+consistency check between two ways of running the same model: on every network scenario of
+tests/golden/network_scenarios.py (pipelines with sends sharing NICs, rails, oversubscribed fat
+trees, stragglers with every rank simulated, ZeRO-3, offload, gloo), the step with the prefix
+gives the spans, fused passes, traffic and bytes per link class of the step run wholly on the
+event loop (the engine before the prefix existed, whose answers the golden files hold). Also:
+the prefix does take over a pipeline's steady state, also where its sends crowd a link."""
 
 from __future__ import annotations
 
@@ -52,7 +53,12 @@ def test_the_prefix_gives_the_event_loops_step(name: str, monkeypatch: pytest.Mo
 
 @pytest.mark.parametrize(
     ("name", "share"),
-    [("dgx-2x8-tp8-pp2", 0.65), ("ib-4x4-pp4-deepspeed", 0.8), ("full-straggler-eth-z2", 0.8)],
+    [
+        ("dgx-2x8-tp8-pp2", 0.65),
+        ("ib-4x4-pp4-deepspeed", 0.8),
+        ("full-straggler-eth-z2", 0.8),
+        ("full-straggler-ib-pp2", 0.8),
+    ],
 )
 def test_a_pipelines_steady_state_is_the_prefixs(
     name: str, share: float, monkeypatch: pytest.MonkeyPatch
@@ -74,3 +80,19 @@ def test_a_pipelines_steady_state_is_the_prefixs(
     _run(name)
     ran, tasks = seen[0]
     assert ran >= share * tasks
+
+
+def test_sends_that_crowd_a_link_share_it_inside_the_prefix(monkeypatch: pytest.MonkeyPatch):
+    """The straggler's pipeline on InfiniBand: its sends meet on links as flows whose rates the
+    network re-solves, before the first collective (so the prefix keeps going past them)."""
+    seen: list[int] = []
+    real = prefix_module.time_prefix
+
+    def counting(engine: engine_module.Engine) -> Prefix:
+        found = real(engine)
+        seen.append(engine.comms.network.recomputations)
+        return found
+
+    monkeypatch.setattr(engine_module, "time_prefix", counting)
+    _run("full-straggler-ib-pp2")
+    assert seen[0] > 0

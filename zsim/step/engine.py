@@ -77,7 +77,7 @@ class Engine(RankGroups):
     # ---- running ----
 
     def run(self) -> EngineResult:
-        """The fixed-time prefix as a longest path (`zsim.step.prefix`), the rest on simpy."""
+        """The prefix up to the first collective (`zsim.step.prefix`), the rest on simpy."""
         prefix = time_prefix(self)
         self.task_start, self.task_end = prefix.start, prefix.end  # the loop completes them
         for rank in self.ranks:  # a prefix may leave ranks out: none of their tasks timed
