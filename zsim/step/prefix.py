@@ -135,10 +135,10 @@ class _Pass:
             if peek() < issue_at:  # the network's events before the next issue
                 step()
                 continue
-            if not paused:
+            if not paused:  # every task timed (the network may have run on past the last)
                 self._close()
                 ends = [e for per_rank in self.prefix.end.values() for e in per_rank if e == e]
-                return max(ends, default=0.0)
+                return max([*ends, env.now])
             start, _, _, stream = heapq.heappop(paused)
             task = stream.tasks[stream.pos]
             assert task.comm is not None
