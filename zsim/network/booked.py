@@ -20,10 +20,14 @@ class Booked:
         self.sets = sets
         self.flows = 0  # how many flows have ended
         self._ended: dict[int, float] = {}  # flow set -> bytes per flow, summed
+        self._counts: dict[int, int] = {}  # flow set -> its flows
 
     def book(self, flow_set: int, nbytes: float, times: int = 1) -> None:
         """Every flow of `flow_set` carried `nbytes` (`times` over)."""
-        self.flows += times * self.sets.flow_set(flow_set).count
+        count = self._counts.get(flow_set)
+        if count is None:
+            count = self._counts[flow_set] = self.sets.flow_set(flow_set).count
+        self.flows += times * count
         self._ended[flow_set] = self._ended.get(flow_set, 0.0) + times * nbytes
 
     def by_link_class(self) -> dict[LinkClass, float]:

@@ -210,8 +210,10 @@ class FlowNetwork:
         if not lone.active:
             return  # converted: it ends as a flow
         self._lone.remove(lone)
-        for flow_set in lone.terms.flow_sets:
-            self.booked.book(flow_set, lone.nbytes)
+        terms, booked = lone.terms, self.booked
+        booked.book(terms.flow_set, lone.nbytes)
+        if terms.alongside >= 0:
+            booked.book(terms.alongside, lone.nbytes)
 
     def _convert(self, lone: Lone) -> None:
         """A transfer timed alone joins the network as a flow, with the bytes it has left (its

@@ -51,6 +51,8 @@ class _Stream:
     rank: int
     tasks: list[Task]
     factor: float  # the rank's slowdown of this stream's kernels
+    starts: list[float]  # the rank's task starts and ends, by task index (the prefix's)
+    ends: list[float]
     pos: int = 0
     free_s: float = 0.0
 
@@ -96,14 +98,14 @@ def time_prefix(engine: Engine) -> Prefix:
     timing = _Pass(engine, prefix, receives)
     for rank in engine.ranks:
         program = engine.programs[engine.coords(rank)[1]]
-        prefix.start[rank] = [_UNTIMED] * len(program.tasks)
-        prefix.end[rank] = [_UNTIMED] * len(program.tasks)
+        starts = prefix.start[rank] = [_UNTIMED] * len(program.tasks)
+        ends = prefix.end[rank] = [_UNTIMED] * len(program.tasks)
         for task in program.tasks:
             if task.receives:
                 assert task.comm is not None
                 receives[(rank, task.comm.tag)] = task.index
         timing.ready += [
-            _Stream(rank, tasks, engine.kernel_factor(rank, stream))
+            _Stream(rank, tasks, engine.kernel_factor(rank, stream), starts, ends)
             for stream, tasks in program.streams().items()
         ]
     prefix.cut_s = timing.until_cut()
@@ -153,7 +155,7 @@ class _Pass:
         """Time the stream's compute in order until a task waits for one not yet timed (the
         stream waits for it) or communicates (the stream pauses at its start)."""
         rank, tasks, factor = stream.rank, stream.tasks, stream.factor
-        starts, ends = self.prefix.start[rank], self.prefix.end[rank]
+        starts, ends = stream.starts, stream.ends
         while stream.pos < len(tasks):
             task = tasks[stream.pos]
             start = stream.free_s
@@ -176,7 +178,7 @@ class _Pass:
         """The send, on the network now, as the engine sends it; it ends when it arrives."""
         rank = stream.rank
         transfer = self.engine.comms.send(*self.engine.send_calls(rank, comm))
-        self.prefix.start[rank][task.index] = start
+        stream.starts[task.index] = start
         self.moving.add((rank, task.index))
         transfer.callbacks.append(lambda _event: self._arrived(stream, task, comm, start))
 
@@ -195,7 +197,7 @@ class _Pass:
             self.prefix.arrivals[(rank, task.index)].succeed()
             return
         now = self.env.now
-        self.prefix.end[rank][task.index] = stream.free_s = now
+        stream.ends[task.index] = stream.free_s = now
         stream.pos += 1
         self.ready.append(stream)
         self.ready.extend(self.waiting.pop((rank, task.index), ()))
