@@ -7,7 +7,6 @@ converts it), so the times are those of simulating it as a flow throughout."""
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -78,7 +77,8 @@ class LoneTransfers:
 
     def remove(self, lone: Lone) -> None:
         lone.active = False
-        deque(map(self._by_resource.pop, lone.resources), maxlen=0)  # each is its alone
+        for r in lone.resources:  # each maps to it alone (`add`)
+            del self._by_resource[r]
 
     def holds_any(self, resources: tuple[int, ...]) -> bool:
         """Whether a transfer draws on any of these capacities (`on`, stopping at the first)."""
