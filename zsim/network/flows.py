@@ -175,8 +175,10 @@ class FlowNetwork:
     ) -> simpy.Event:
         """One flow whose data starts after `delay_s` (the call's latency) plus its route's
         latency, timed alone while nothing shares its capacities (`zsim.network.alone`); the
-        event fires when its last byte arrives. `alongside`: its copies, which only load the
-        links (started as flows with it when it cannot be timed alone)."""
+        event fires when its last byte arrives. Wait on it (or add callbacks) at once: if
+        another flow comes onto its links, the callbacks it has then move to its end as a
+        flow. `alongside`: its copies, which only load the links (started as flows with it
+        when it cannot be timed alone)."""
         env = self.env
         terms = self.alone_terms(src, dst, alongside)
         if (
