@@ -66,6 +66,8 @@ class _Passes:
         self.gathers: Gathers = FsdpUnshard(job, writer) if fsdp else ParameterGathers(job, writer)
         self.param_sync = MegatronParamSync(job, writer)
         self._previous: list[Task] = []  # the last work's end (ZeRO-3: one stage, in order)
+        self._host_s = {f: job.engine_host_s("forward" if f else "backward") for f in (True, False)}
+        self._reversed = [tuple(reversed(chunk)) for chunk in job.chunks]  # backward order
 
     def run(self, work: Work, deps: list[Task], tag: str) -> Task:
         cfg, writer = self.job.cfg, self.writer
@@ -77,14 +79,14 @@ class _Passes:
             deps = [*deps, *self._previous]
             if self.job.gloo:  # ... and on gloo that backward returned after its reductions
                 deps = [*deps, *self.reducer.pending()]
-        host = self.job.engine_host_s("forward" if work.forward else "backward")
+        host = self._host_s[work.forward]
         if host > 0:  # the engine's own Python before the pass's first kernel (CPU ranks)
             category = Category.FORWARD if work.forward else Category.BACKWARD
             deps = [writer.compute(f"{tag}.engine_host", host, category, deps)]
         boundary = work.micro_batch == cfg.grad_accum - 1
         hooks = not work.forward and self.reducer.start_backward(boundary)
         accumulating = not work.forward and accumulates_in_grad(cfg, work.micro_batch)
-        order = layers if work.forward else tuple(reversed(layers))
+        order = layers if work.forward else self._reversed[work.chunk]
         done = deps
         # the first forward waits for the distributed optimizer's overlapped gathers
         synced = work.forward and work.micro_batch == 0 and self.param_sync.active
