@@ -147,6 +147,7 @@ class _Pass:
             if task.comm.op is not CollectiveOp.SEND_RECV:
                 self._close()
                 return start
+            assert start >= env.now  # what is timed later starts no earlier (see the module)
             if start > env.now:
                 env._now = start  # nothing is due before: simpy's clock moves as run() would
             self._issue(stream, task, task.comm, start)
