@@ -9,6 +9,9 @@ the prefix does take over a pipeline's steady state, also where its sends crowd 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 import pytest
 
 from tests.golden.network_scenarios import SCENARIOS
@@ -17,6 +20,8 @@ from zsim.simulation import Report, simulate
 from zsim.step import engine as engine_module
 from zsim.step import prefix as prefix_module
 from zsim.step.prefix import Prefix
+
+T = TypeVar("T")
 
 
 def _run(name: str) -> Report:
@@ -51,6 +56,24 @@ def test_the_prefix_gives_the_event_loops_step(name: str, monkeypatch: pytest.Mo
         assert g[3:] == pytest.approx(w[3:], rel=1e-12, abs=1e-15)
 
 
+def _at_the_cut(
+    name: str, monkeypatch: pytest.MonkeyPatch, read: Callable[[engine_module.Engine, Prefix], T]
+) -> T:
+    """What `read` sees of the engine and its prefix when the prefix hands over (the first
+    simulation of scenario `name`)."""
+    seen: list[T] = []
+    real = prefix_module.time_prefix
+
+    def reading(engine: engine_module.Engine) -> Prefix:
+        found = real(engine)
+        seen.append(read(engine, found))
+        return found
+
+    monkeypatch.setattr(engine_module, "time_prefix", reading)
+    _run(name)
+    return seen[0]
+
+
 @pytest.mark.parametrize(
     ("name", "share"),
     [
@@ -67,32 +90,19 @@ def test_a_pipelines_steady_state_is_the_prefixs(
     before its first collective. (The 1.3B at tp 8 x pp 2 runs 29 of its 42 tasks so: since
     DeepSpeed's gradient copies at dp 1 are modelled, two of them follow the tied embeddings'
     all-reduce.)"""
-    seen: list[tuple[int, int]] = []
-    real = prefix_module.time_prefix
 
-    def counting(engine: engine_module.Engine) -> Prefix:
-        found = real(engine)
+    def ran_and_tasks(engine: engine_module.Engine, found: Prefix) -> tuple[int, int]:
         tasks = sum(len(engine.programs[engine.coords(r)[1]].tasks) for r in engine.ranks)
-        seen.append((sum(len(found.ran_indices(r)) for r in engine.ranks), tasks))
-        return found
+        return sum(len(found.ran_indices(r)) for r in engine.ranks), tasks
 
-    monkeypatch.setattr(engine_module, "time_prefix", counting)
-    _run(name)
-    ran, tasks = seen[0]
+    ran, tasks = _at_the_cut(name, monkeypatch, ran_and_tasks)
     assert ran >= share * tasks
 
 
 def test_sends_that_crowd_a_link_share_it_inside_the_prefix(monkeypatch: pytest.MonkeyPatch):
     """The straggler's pipeline on InfiniBand: its sends meet on links as flows whose rates the
     network re-solves, before the first collective (so the prefix keeps going past them)."""
-    seen: list[int] = []
-    real = prefix_module.time_prefix
-
-    def counting(engine: engine_module.Engine) -> Prefix:
-        found = real(engine)
-        seen.append(engine.comms.network.recomputations)
-        return found
-
-    monkeypatch.setattr(engine_module, "time_prefix", counting)
-    _run("full-straggler-ib-pp2")
-    assert seen[0] > 0
+    recomputed = _at_the_cut(
+        "full-straggler-ib-pp2", monkeypatch, lambda e, _p: e.comms.network.recomputations
+    )
+    assert recomputed > 0

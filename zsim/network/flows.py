@@ -184,8 +184,7 @@ class FlowNetwork:
         if (
             terms is None
             or nbytes <= 0
-            or self._index.shares(terms.flow_set)
-            or (terms.alongside >= 0 and self._index.shares(terms.alongside))
+            or any(self._index.shares(f) for f in terms.flow_sets)
             or self._lone.holds_any(terms.resources)
         ):
             for other in self._lone.on(terms.resources if terms else ()):
@@ -212,10 +211,8 @@ class FlowNetwork:
         if not lone.active:
             return  # converted: it ends as a flow
         self._lone.remove(lone)
-        terms, booked = lone.terms, self.booked
-        booked.book(terms.flow_set, lone.nbytes)
-        if terms.alongside >= 0:
-            booked.book(terms.alongside, lone.nbytes)
+        for flow_set in lone.terms.flow_sets:
+            self.booked.book(flow_set, lone.nbytes)
 
     def _convert(self, lone: Lone) -> None:
         """A transfer timed alone joins the network as a flow, with the bytes it has left (its

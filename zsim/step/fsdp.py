@@ -279,9 +279,9 @@ def buffer_bytes(cfg: ParallelConfig, layers: Sequence[Layer], tied: bool = Fals
     in_blocks = b * (root + padded(early_root_numel(layers, cfg.tp, tied), n)) + peak
     if not root:
         return in_blocks
-    shards = REDUCE_BYTES * sum(blocks) / n if hybrid else 0.0
-    at_root = 2 * b * root + REDUCE_BYTES * (blocks[0] if blocks else 0.0) + shards
-    at_root_reduce = (b + REDUCE_BYTES) * root + shards  # resharded; its grads copied in
+    every_shard = REDUCE_BYTES * sum(blocks) / n if hybrid else 0.0  # all units reduced
+    at_root = 2 * b * root + REDUCE_BYTES * (blocks[0] if blocks else 0.0) + every_shard
+    at_root_reduce = (b + REDUCE_BYTES) * root + every_shard  # resharded; its grads copied in
     return max(in_blocks, at_root, at_root_reduce)
 
 
