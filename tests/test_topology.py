@@ -5,9 +5,11 @@ bidirectional NVLink per GPU and 200 Gb/s HDR NICs; DGX H100: 900 GB/s and 400 G
 100 GbE; PCIe Gen4 x16 31.5 GB/s), not from the code.
 """
 
+import numpy as np
 import pytest
 
 from tests.helpers_network import cluster
+from zsim.cluster.build import distinct_inverse
 from zsim.cluster.calibrated import with_call_latency, with_link_class
 from zsim.cluster.fabric import LinkClass
 from zsim.cluster.grid import GroupKind, RankGrid, RankOrder, process_groups
@@ -246,3 +248,12 @@ def test_gemm_fit_follows_the_cublaslt_shapes():
     two_rate, two_overhead = fit_gemm(rows)
     thin = 2.0 * 802816 * 192 * 768
     assert thin / (two_overhead + thin / two_rate) / 1e12 > 1.4 * 157.8  # what it replaced
+
+
+@pytest.mark.parametrize("high", [5, 40, 10**6])  # dense ids are counted, sparse ones sorted
+def test_distinct_inverse_is_numpys_unique(high):
+    ids = np.random.default_rng(high).integers(0, high, size=200)
+    values, inverse = distinct_inverse(ids)
+    expected_values, expected_inverse = np.unique(ids, return_inverse=True)
+    assert values.tolist() == expected_values.tolist()
+    assert inverse.tolist() == expected_inverse.tolist()

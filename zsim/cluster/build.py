@@ -60,6 +60,17 @@ def distinct_counts(ids: Ints) -> tuple[IntArray, IntArray]:
     return present, counts[present]
 
 
+def distinct_inverse(ids: Ints) -> tuple[IntArray, IntArray]:
+    """`distinct(ids)` and each id's position in it (`np.unique(..., return_inverse=True)`),
+    by counting where the ids are dense, by sorting where they are few against their range."""
+    flat = ids.ravel()
+    if not flat.size or int(flat.max()) > _DENSE * flat.size + 4096:
+        values, inverse = np.unique(flat, return_inverse=True)
+        return values.astype(np.int64, copy=False), inverse.astype(np.int64, copy=False)
+    present = np.bincount(flat) > 0
+    return np.flatnonzero(present), (np.cumsum(present) - 1)[flat]
+
+
 _DENSE = 8  # ids counted when their range is at most this many times their number
 
 

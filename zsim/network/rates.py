@@ -14,7 +14,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zsim.cluster.build import CLASSES, FloatArray, IntArray, Ints, digest, distinct
+from zsim.cluster.build import (
+    CLASSES,
+    FloatArray,
+    IntArray,
+    Ints,
+    digest,
+    distinct,
+    distinct_inverse,
+)
 from zsim.cluster.topology import Topology
 
 
@@ -28,9 +36,7 @@ def max_min_rates(
     links freeze. Each round freezes at least one link, so rounds <= distinct bottlenecks.
     Flows frozen in the same round get bitwise-equal rates.
     """
-    present = np.bincount(pair_link, minlength=capacity.shape[0]) > 0
-    links = np.flatnonzero(present)  # as np.unique would sort them, without the sort
-    local = (np.cumsum(present) - 1)[pair_link]
+    links, local = distinct_inverse(np.asarray(pair_link))
     full = capacity[links].astype(np.float64)
     left = full.copy()
     rate = np.zeros(n_flows, dtype=np.float64)

@@ -48,10 +48,11 @@ def _tp_links(groups: tuple[tuple[int, ...], ...], comms: Communicator) -> set[i
     groups. Every ordered pair of members is taken (one batch of routes, no planning): a
     superset of any algorithm's flows, so disjoint here means disjoint rings."""
     links, owner = member_pair_links(comms.topology, groups)
-    owned = np.unique(np.stack([links, owner]), axis=1)
-    if len(distinct(owned[0])) < owned.shape[1]:
+    owned = distinct(links * len(groups) + owner) // len(groups)  # each (link, group) once
+    used = distinct(owned)
+    if len(used) < len(owned):
         return None  # some link serves two TP groups: they contend
-    return set(owned[0].tolist())
+    return set(used.tolist())
 
 
 def _apart(seen: set[int], groups: list[tuple[int, ...]], comms: Communicator) -> bool:
