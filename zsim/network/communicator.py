@@ -184,14 +184,13 @@ class Communicator:
         if found is None:
             found = np.zeros(len(CLASSES))
             for phase in self.plan(call).phases:
-                moving = phase.src != phase.dst
-                if phase.nbytes <= 0 or not moving.any():
+                if phase.nbytes <= 0:
                     continue
-                routes = self.topology.routes_of(phase.src[moving], phase.dst[moving])
-                pairs = np.bincount(
-                    self.topology.class_id[routes.pair_link], minlength=len(CLASSES)
-                )
-                found += phase.nbytes * phase.repeat * pairs
+                # the phase's pattern, routed once for this count and for its flows' run
+                moving = self.network.sets.pattern(phase.src, phase.dst).moving_set
+                if moving >= 0:
+                    pairs = self.network.sets.flow_set(moving).class_pairs
+                    found += phase.nbytes * phase.repeat * pairs
             self._class_bytes[call] = found
         return found
 
