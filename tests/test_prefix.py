@@ -20,6 +20,7 @@ from zsim.simulation import Report, simulate
 from zsim.step import engine as engine_module
 from zsim.step import prefix as prefix_module
 from zsim.step.prefix import Prefix
+from zsim.step.trace import RankTimes
 
 T = TypeVar("T")
 
@@ -54,6 +55,13 @@ def test_the_prefix_gives_the_event_loops_step(name: str, monkeypatch: pytest.Mo
     assert [g[:3] for g in got] == [w[:3] for w in want]  # the same tasks, ...
     for g, w in zip(got, want, strict=True):  # ... at the same times
         assert g[3:] == pytest.approx(w[3:], rel=1e-12, abs=1e-15)
+    for f, s in zip(fast.stages, slow.stages, strict=True):  # read from the prefix's columns
+        assert _breakdown(f) == pytest.approx(_breakdown(s), rel=1e-12, abs=1e-15)
+        assert f.exposed_by_category == pytest.approx(s.exposed_by_category, rel=1e-12, abs=1e-15)
+
+
+def _breakdown(times: RankTimes) -> tuple[float, ...]:
+    return (times.compute_s, times.exposed_comm_s, times.idle_s, times.comm_total_s, times.end_s)
 
 
 def _at_the_cut(

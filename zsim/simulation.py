@@ -96,19 +96,20 @@ def _rank_times(
 ) -> dict[int, RankTimes]:
     """Each rank's times; with a fold, in the short step with the fold's periods added."""
     by_rank: dict[int, list[Span]] = {}
-    for span in result.spans:
+    for span in result.loop_spans:
         by_rank.setdefault(span.rank, []).append(span)
     passes: dict[int, list[FusedPass]] = {}
-    for fused in result.passes:
+    for fused in result.loop_passes:
         passes.setdefault(fused.rank, []).append(fused)
+    blocks = {block.rank: block for block in result.blocks}
     step = result.end_s
     times = {}
     for r in ranks:
-        own, own_passes = by_rank.get(r, []), passes.get(r, [])
+        own, own_passes, block = by_rank.get(r, []), passes.get(r, []), blocks.get(r)
         if fold is None:
-            times[r] = rank_times(own, own_passes, r, step)
+            times[r] = rank_times(own, own_passes, r, step, block)
         else:
-            short, window = rank_times_and_window(own, own_passes, r, step, fold.window)
+            short, window = rank_times_and_window(own, own_passes, r, step, fold.window, block)
             times[r] = fold_times(short, window, fold, step)
     return times
 

@@ -26,7 +26,7 @@ from zsim.step.groups import RankGroups
 from zsim.step.handover import Tally, replay, resume
 from zsim.step.prefix import Prefix, time_prefix
 from zsim.step.program import Comm, Group, Part, Program, Stream, Task
-from zsim.step.spans import EngineResult, FusedPass, Span
+from zsim.step.spans import EngineResult, FusedPass, Span, TaskBlock
 from zsim.step.traffic import Traffic
 
 _SendCalls = tuple[CollectiveCall, list[CollectiveCall]]  # a send and its replicas' sends
@@ -55,6 +55,7 @@ class Engine(RankGroups):
         self.v = virtual_stages
         self.spans: list[Span] = []
         self.passes: list[FusedPass] = []
+        self.blocks: list[TaskBlock] = []  # the prefix's tasks, as columns (`handover.replay`)
         # rank -> by task index, whether it has ended; the end events someone waits for
         self.ended: dict[int, list[bool]] = {}
         self._ends: dict[tuple[int, int], simpy.Event] = {}
@@ -108,7 +109,9 @@ class Engine(RankGroups):
         self.tally.book(self)
         per_rank = {k: v / len(self.ranks) for k, v in self.traffic.sent.items()}
         links = self.traffic.by_link_class()
-        return EngineResult(self.spans, self.env.now, self.ranks, per_rank, links, self.passes)
+        return EngineResult(
+            self.spans, self.env.now, self.ranks, per_rank, links, self.passes, blocks=self.blocks
+        )
 
     def _start_stream(self, rank: int, tasks: list[Task], prefix: Prefix) -> None:
         """A stream's process from its first task the prefix did not start (a stream's tasks

@@ -60,14 +60,14 @@ class _Stream:
 @dataclass
 class Prefix:
     """Task times up to the cut: the `start` and `end` of every task of each rank, by task
-    index (NaN where the pass did not time it; those from the cut on are simulated again),
-    the arrivals of the sends still moving at the cut, and the receives' send times."""
+    index (NaN where the pass did not time it; those from the cut on are simulated again; a
+    receive starts when its send did), and the arrivals of the sends still moving at the
+    cut."""
 
     cut_s: float = 0.0
     start: dict[int, list[float]] = field(default_factory=dict)  # rank -> by task index
     end: dict[int, list[float]] = field(default_factory=dict)
     arrivals: dict[Key, simpy.Event] = field(default_factory=dict)  # a send moving at the cut
-    sent_at: dict[Key, float] = field(default_factory=dict)  # receive -> its send's issue
 
     def ran(self, rank: int, index: int) -> bool:
         """Whether the pass started the task by the cut: it is the prefix's (a send issued at
@@ -205,6 +205,5 @@ class _Pass:
         peer = self.engine.peer(rank, comm.peer)
         found = self.receives.get((peer, comm.tag))
         if found is not None:
-            self.prefix.sent_at[(peer, found)] = start
             self.prefix.start[peer][found], self.prefix.end[peer][found] = start, now
             self.ready.extend(self.waiting.pop((peer, found), ()))

@@ -14,6 +14,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NamedTuple, Protocol, TypeVar
 
+import numpy as np
+import numpy.typing as npt
+
+from zsim.cluster.build import FloatArray, IntArray
 from zsim.cluster.device import DeviceProfile
 from zsim.network.collective import CollectiveOp
 
@@ -98,6 +102,21 @@ class Task:
         return f"Task({self.index}:{self.name})"
 
 
+class TaskColumns(NamedTuple):
+    """A program's tasks as columns, by task index: what the hand-over from the prefix reads
+    of tens of thousands of tasks at once (`zsim.step.handover`)."""
+
+    category: IntArray  # index into `categories`
+    categories: tuple[str, ...]
+    host: npt.NDArray[np.bool_]  # on the host stream
+    sends: npt.NDArray[np.bool_]  # point-to-point sends (not their receives)
+    kind: IntArray  # a fused pass's index into `kinds`, -1 for other tasks
+    kinds: tuple[tuple[Part, ...], ...]  # the distinct parts tuples of the fused passes
+    send_kind: IntArray  # a send's index into `send_kinds`, -1 for other tasks
+    send_kinds: tuple[Task, ...]  # a send of each (bytes, peer, category)
+    duration: FloatArray
+
+
 @dataclass
 class Program:
     """The tasks of one rank of one pipeline stage, in issue order."""
@@ -106,13 +125,20 @@ class Program:
     tasks: list[Task] = field(default_factory=list)
     micro_batch: int = -1  # stamped on the tasks added (`ProgramWriter.micro_batch`)
     _streams: dict[Stream, list[Task]] | None = field(default=None, repr=False, compare=False)
+    _columns: TaskColumns | None = field(default=None, repr=False, compare=False)
 
     def add(self, task: Task) -> Task:
         task.index = len(self.tasks)
         task.micro_batch = self.micro_batch
         self.tasks.append(task)
-        self._streams = None
+        self._streams = self._columns = None
         return task
+
+    def columns(self) -> TaskColumns:
+        """The tasks as columns (kept, as every simulated rank of the stage asks)."""
+        if self._columns is None:
+            self._columns = _columns(self.tasks)
+        return self._columns
 
     def streams(self) -> dict[Stream, list[Task]]:
         """The tasks of each stream in issue order (receives run on none: they wait for their
@@ -123,6 +149,41 @@ class Program:
                 if not task.receives:
                     self._streams.setdefault(task.stream, []).append(task)
         return self._streams
+
+
+def _columns(tasks: Sequence[Task]) -> TaskColumns:
+    kinds: dict[int, int] = {}  # id of a fused pass's parts -> its kind
+    sends: dict[tuple[float, int, Category], int] = {}  # (bytes, peer, category) -> its kind
+    by_kind: list[tuple[Part, ...]] = []
+    by_send: list[Task] = []
+    kind, send_kind = [-1] * len(tasks), [-1] * len(tasks)
+    for task in tasks:  # one pass: a pipeline stage has thousands of tasks
+        comm = task.comm
+        if task.parts:
+            if id(task.parts) not in kinds:
+                kinds[id(task.parts)] = len(by_kind)
+                by_kind.append(task.parts)
+            kind[task.index] = kinds[id(task.parts)]
+        elif comm is not None and comm.op is CollectiveOp.SEND_RECV and not task.receives:
+            key = (comm.nbytes, comm.peer, task.category)
+            if key not in sends:
+                sends[key] = len(by_send)
+                by_send.append(task)
+            send_kind[task.index] = sends[key]
+    categories: dict[Category, int] = {}
+    category = [categories.setdefault(t.category, len(categories)) for t in tasks]
+    sent = np.array(send_kind, dtype=np.int64)
+    return TaskColumns(
+        np.array(category, dtype=np.int64),
+        tuple(str(c) for c in categories),
+        np.array([t.stream is Stream.HOST for t in tasks], dtype=bool),
+        sent >= 0,
+        np.array(kind, dtype=np.int64),
+        tuple(by_kind),
+        sent,
+        tuple(by_send),
+        np.array([t.duration_s for t in tasks], dtype=float),
+    )
 
 
 # ---- emitting work: as tasks, or as timed parts of one fused task ---------------------------

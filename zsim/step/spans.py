@@ -3,15 +3,19 @@
 A fused pass (a pass of fixed-time work run as one task) keeps its parts as the template the
 builder shares among every micro-batch's pass of one chunk, not as spans: a 175B pipeline
 step runs hundreds of thousands of parts, and every pass of a kind repeats its template
-exactly, shifted to the pass's start.
+exactly, shifted to the pass's start. The tasks the prefix ran before the event loop are kept
+as columns per rank (`TaskBlock`), and made into spans and passes only when asked.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import NamedTuple
 
-from zsim.step.program import Part, Stream
+from zsim.cluster.build import FloatArray, IntArray
+from zsim.step.program import Part, Stream, Task, TaskColumns
 
 
 class Span(NamedTuple):
@@ -55,6 +59,48 @@ class FusedPass(NamedTuple):
 
 
 @dataclass(frozen=True)
+class TaskBlock:
+    """The tasks of one rank the prefix ran (`zsim.step.prefix`), as columns by task index:
+    made into spans and fused passes only when asked (a trace, a timeline), as a pipeline's
+    prefix runs tens of thousands of tasks."""
+
+    rank: int
+    tasks: Sequence[Task]
+    columns: TaskColumns
+    span_at: IntArray  # the tasks ended by the cut, as spans (not fused passes), in order
+    span_start: FloatArray
+    span_end: FloatArray
+    pass_at: IntArray  # the fused passes, in order
+    pass_start: FloatArray
+
+    @property
+    def pass_end(self) -> FloatArray:
+        return self.pass_start + self.columns.duration[self.pass_at]
+
+    def spans(self) -> list[Span]:
+        starts, ends = self.span_start.tolist(), self.span_end.tolist()
+        out = []
+        for index, start, end in zip(self.span_at.tolist(), starts, ends, strict=True):
+            task = self.tasks[index]
+            nbytes = task.comm.nbytes if task.comm else 0.0
+            out.append(
+                Span(self.rank, task.stream, task.name, str(task.category), start, end, nbytes)
+            )
+        return out
+
+    def passes(self) -> list[FusedPass]:
+        out = []
+        for index, start in zip(self.pass_at.tolist(), self.pass_start.tolist(), strict=True):
+            task = self.tasks[index]
+            end = start + task.duration_s
+            category = str(task.category)
+            out.append(
+                FusedPass(self.rank, task.name, category, task.stream, start, end, task.parts)
+            )
+        return out
+
+
+@dataclass(frozen=True)
 class Fold:
     """A pipeline's steady state repeated (`zsim.step.fold`): `periods` periods of `period_s`
     inserted at `at_s` of the short step of `micro_batches` simulated, each a copy of the
@@ -72,14 +118,25 @@ class Fold:
 
 @dataclass
 class EngineResult:
-    spans: list[Span]  # one per task run as itself (not the fused passes' parts)
+    loop_spans: list[Span]  # tasks the event loop ran as themselves
     end_s: float
     simulated_ranks: tuple[int, ...]
     traffic_bytes: dict[str, float] = field(default_factory=dict)  # sent, by category, per rank
     link_bytes: dict[str, float] = field(default_factory=dict)  # by link class, whole cluster
-    passes: list[FusedPass] = field(default_factory=list)
+    loop_passes: list[FusedPass] = field(default_factory=list)
     # set where the step was folded: then `spans` and `passes` are the short step's
     fold: Fold | None = None
+    blocks: list[TaskBlock] = field(default_factory=list)  # the prefix's tasks, by rank
+
+    @cached_property
+    def spans(self) -> list[Span]:
+        """One per task run as itself (not the fused passes' parts): the prefix's, then the
+        event loop's."""
+        return [*(s for block in self.blocks for s in block.spans()), *self.loop_spans]
+
+    @cached_property
+    def passes(self) -> list[FusedPass]:
+        return [*(p for block in self.blocks for p in block.passes()), *self.loop_passes]
 
     def all_spans(self) -> list[Span]:
         """Every task's span and every fused pass's parts as spans."""

@@ -14,9 +14,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from zsim.cluster.build import FloatArray
+from zsim.cluster.build import FloatArray, IntArray
 from zsim.step.program import Category, Part, Stream
-from zsim.step.spans import FusedPass, Span
+from zsim.step.spans import FusedPass, Span, TaskBlock
 
 BoolArray = npt.NDArray[np.bool_]
 
@@ -75,26 +75,38 @@ Template = tuple[tuple[FloatArray, FloatArray], dict[str, tuple[FloatArray, Floa
 
 
 def rank_times(
-    spans: Sequence[Span], passes: Sequence[FusedPass], rank: int, step_s: float
+    spans: Sequence[Span],
+    passes: Sequence[FusedPass],
+    rank: int,
+    step_s: float,
+    block: TaskBlock | None = None,
 ) -> RankTimes:
-    """Where `rank`'s step went; `spans` and `passes` may be all ranks' or (faster) only its."""
-    return _times(_measure(*_gather(spans, passes, rank)), spans, passes, rank, step_s)
+    """Where `rank`'s step went; `spans` and `passes` may be all ranks' or (faster) only its;
+    `block`: its tasks the prefix ran, when `spans` and `passes` are the event loop's."""
+    measured = _measure(*_gather(spans, passes, rank, block))
+    return _times(measured, _last_end(spans, passes, rank, block), rank, step_s)
 
 
-def _times(
-    measured: Measures, spans: Sequence[Span], passes: Sequence[FusedPass], rank: int, step_s: float
-) -> RankTimes:
+def _times(measured: Measures, end_s: float, rank: int, step_s: float) -> RankTimes:
     compute_s, exposed = measured.compute_s, measured.exposed_comm_s
-    ends = [s.end_s for s in spans if s.rank == rank] + [p.end_s for p in passes if p.rank == rank]
     return RankTimes(
         rank,
         compute_s,
         exposed,
         max(0.0, step_s - compute_s - exposed),
         measured.comm_total_s,
-        max(ends, default=0.0),
+        end_s,
         measured.exposed_by_category,
     )
+
+
+def _last_end(
+    spans: Sequence[Span], passes: Sequence[FusedPass], rank: int, block: TaskBlock | None
+) -> float:
+    ends = [s.end_s for s in spans if s.rank == rank] + [p.end_s for p in passes if p.rank == rank]
+    if block is not None:
+        ends += [float(np.max(e, initial=0.0)) for e in (block.span_end, block.pass_end)]
+    return max(ends, default=0.0)
 
 
 class Measures(NamedTuple):
@@ -112,13 +124,15 @@ def rank_times_and_window(
     rank: int,
     step_s: float,
     window: tuple[float, float],
+    block: TaskBlock | None = None,
 ) -> tuple[RankTimes, Measures]:
     """`rank_times`, and the rank's measures over the window [lo, hi) alone (its work
     clipped to it), from one gathering of its work."""
-    compute, comm = _gather(spans, passes, rank)
+    compute, comm = _gather(spans, passes, rank, block)
     lo, hi = window
     clipped = _measure(compute.clip(lo, hi), {k: iv.clip(lo, hi) for k, iv in comm.items()})
-    return _times(_measure(compute, comm), spans, passes, rank, step_s), clipped
+    end = _last_end(spans, passes, rank, block)
+    return _times(_measure(compute, comm), end, rank, step_s), clipped
 
 
 def _measure(compute: _Intervals, comm: dict[str, _Intervals]) -> Measures:
@@ -135,10 +149,14 @@ def _measure(compute: _Intervals, comm: dict[str, _Intervals]) -> Measures:
 
 
 def _gather(
-    spans: Sequence[Span], passes: Sequence[FusedPass], rank: int
+    spans: Sequence[Span], passes: Sequence[FusedPass], rank: int, block: TaskBlock | None
 ) -> tuple[_Intervals, dict[str, _Intervals]]:
-    """A rank's compute intervals, and its communication intervals by category."""
+    """A rank's compute intervals, and its communication intervals by category, in the order
+    the engine recorded them (the prefix's first): `_measure`'s sums depend on it in their
+    last bits."""
     compute, comm = _Intervals(), dict[str, _Intervals]()
+    if block is not None:
+        _block_spans(block, compute, comm)
     span_compute: list[tuple[float, float]] = []
     span_comm: dict[str, list[tuple[float, float]]] = {}
     for s in spans:
@@ -152,15 +170,16 @@ def _gather(
     if span_compute:
         compute.add(zero, *_arrays(span_compute))
     for category, intervals in span_comm.items():
-        comm[category] = _Intervals()
-        comm[category].add(zero, *_arrays(intervals))
-    templates: dict[int, Template] = {}
+        comm.setdefault(category, _Intervals()).add(zero, *_arrays(intervals))
     starts: dict[int, list[float]] = {}
+    templates: dict[int, Template] = {}
+    if block is not None:
+        _block_passes(block, starts, templates)
     for p in passes:
         if p.rank == rank:
             starts.setdefault(id(p.parts), []).append(p.start_s)
             if id(p.parts) not in templates:
-                templates[id(p.parts)] = _template(p)
+                templates[id(p.parts)] = _template(p.stream, p.parts)
     for kind, at in starts.items():
         offsets = np.asarray(at)
         own_compute, own_comm = templates[kind]
@@ -205,12 +224,46 @@ class _Intervals:
         return clipped
 
 
-def _template(p: FusedPass) -> Template:
+def _block_spans(block: TaskBlock, compute: _Intervals, comm: dict[str, _Intervals]) -> None:
+    """`_gather`'s spans of a `TaskBlock`, by column."""
+    columns, zero = block.columns, np.zeros(1)
+    category = columns.category[block.span_at]
+    computes = np.array([c in _COMPUTE_NAMES for c in columns.categories], dtype=bool)[category]
+    on_device = computes & ~columns.host[block.span_at]
+    if on_device.any():
+        compute.add(zero, block.span_start[on_device], block.span_end[on_device])
+    for code in _first_seen(np.where(computes, -1, category)):
+        mine = category == code
+        comm[columns.categories[code]] = _Intervals()
+        comm[columns.categories[code]].add(zero, block.span_start[mine], block.span_end[mine])
+
+
+def _block_passes(
+    block: TaskBlock, starts: dict[int, list[float]], templates: dict[int, Template]
+) -> None:
+    """`_gather`'s fused passes of a `TaskBlock`: their starts by kind, and each kind's
+    template."""
+    kinds = block.columns.kind[block.pass_at]
+    for kind in _first_seen(kinds):
+        mine = kinds == kind
+        parts = block.columns.kinds[kind]
+        starts[id(parts)] = block.pass_start[mine].tolist()
+        stream = block.tasks[int(block.pass_at[mine][0])].stream
+        templates[id(parts)] = _template(stream, parts)
+
+
+def _first_seen(codes: IntArray) -> list[int]:
+    """The distinct non-negative codes, in the order each first occurs."""
+    found, first = np.unique(codes, return_index=True)
+    return [c for c in found[np.argsort(first)].tolist() if c >= 0]
+
+
+def _template(stream: Stream, parts: tuple[Part, ...]) -> Template:
     """A pass's compute parts, and its communication parts by category, relative to it."""
-    on_device = p.stream is not Stream.HOST
-    compute = [(q.start_s, q.start_s + q.duration_s) for q in p.parts if on_device and _computes(q)]
+    on_device = stream is not Stream.HOST
+    compute = [(q.start_s, q.start_s + q.duration_s) for q in parts if on_device and _computes(q)]
     comm: dict[str, list[tuple[float, float]]] = {}
-    for q in p.parts:
+    for q in parts:
         if not _computes(q):
             comm.setdefault(str(q.category), []).append((q.start_s, q.start_s + q.duration_s))
     return _arrays(compute), {category: _arrays(iv) for category, iv in comm.items()}
