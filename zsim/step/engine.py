@@ -85,8 +85,6 @@ class Engine(RankGroups):
             tasks = len(self.programs[self.coords(rank)[1]].tasks)
             self.task_start.setdefault(rank, [math.nan] * tasks)
             self.task_end.setdefault(rank, [math.nan] * tasks)
-        if prefix.cut_s > self.env.now:  # the prefix ran the network up to its last issue
-            self.env.run(until=prefix.cut_s)
         running = replay(self, prefix)
         for rank in self.ranks:
             program = self.programs[self.coords(rank)[1]]

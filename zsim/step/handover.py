@@ -105,7 +105,7 @@ def _replay_rank(
         if columns.sends[index]:
             running[(rank, index)] = in_flight(engine, rank, task, prefix)
         elif not task.receives:  # a receive still waiting is the event loop's (`receive`)
-            running[(rank, index)] = engine.env.timeout(_left(engine, ends[index]))
+            running[(rank, index)] = engine.env.timeout(ends[index] - engine.env.now)
     return TaskBlock(
         rank, tasks, columns, spans, starts[spans], ends[spans], passes, starts[passes]
     )
@@ -118,19 +118,13 @@ def _in_order(kinds: IntArray) -> list[tuple[int, int]]:
     return list(zip(found[order].tolist(), counts[order].tolist(), strict=True))
 
 
-def _left(engine: Engine, end_s: float) -> float:
-    """The time from now to `end_s`, at least 0: `env.run(until=cut)` adds the difference to
-    the clock and may land an ulp past the cut, after a task that ends at it."""
-    return max(float(end_s) - engine.env.now, 0.0)
-
-
 def in_flight(engine: Engine, rank: int, task: Task, prefix: Prefix) -> simpy.Event:
     """A send still moving at the cut: its transfer goes on; its receive ends when it arrives
     (one that arrived at the cut itself, the end of a step without collectives, ends now)."""
     assert task.comm is not None
     transfer = prefix.arrivals.get((rank, task.index))
     if transfer is None:  # it arrived at the cut itself: it ends now
-        transfer = engine.env.timeout(_left(engine, prefix.end[rank][task.index]))
+        transfer = engine.env.timeout(prefix.end[rank][task.index] - engine.env.now)
     peer, tag = engine.peer(rank, task.comm.peer), task.comm.tag
     sent_at = prefix.start[rank][task.index]
     transfer.callbacks.append(lambda _: engine.deliver(peer, tag, sent_at))

@@ -138,15 +138,13 @@ class _Pass:
                 step()
                 continue
             if not paused:  # every task timed (the network may have run on past the last)
-                self._close()
                 ends = [e for per_rank in self.prefix.end.values() for e in per_rank if e == e]
-                return max([*ends, env.now])
+                return self._close(max([*ends, env.now]))
             start, _, _, stream = heapq.heappop(paused)
             task = stream.tasks[stream.pos]
             assert task.comm is not None
             if task.comm.op is not CollectiveOp.SEND_RECV:
-                self._close()
-                return start
+                return self._close(start)
             assert start >= env.now  # what is timed later starts no earlier (see the module)
             if start > env.now:
                 env._now = start  # nothing is due before: simpy's clock moves as run() would
@@ -183,11 +181,16 @@ class _Pass:
         self.moving.add((rank, task.index))
         transfer.callbacks.append(lambda _event: self._arrived(stream, task, comm, start))
 
-    def _close(self) -> None:
-        """The cut: the sends still moving arrive in the event loop (each `arrivals` event
-        fires when its data has arrived)."""
+    def _close(self, cut_s: float) -> float:
+        """The cut: the network's clock moves to it, exactly (every event before it has run;
+        `env.run(until=...)` would add the difference and may land an ulp past it), and the
+        sends still moving arrive in the event loop (each `arrivals` event fires when its data
+        has arrived)."""
+        assert self.env.now <= cut_s <= self.env.peek()
+        self.env._now = cut_s
         self.open = False
         self.prefix.arrivals = {key: self.env.event() for key in self.moving}
+        return cut_s
 
     def _arrived(self, stream: _Stream, task: Task, comm: Comm, start: float) -> None:
         """A send's data has arrived: the send ends, so does its receive, and the sender's
