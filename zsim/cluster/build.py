@@ -52,7 +52,7 @@ def distinct_counts(ids: Ints) -> tuple[IntArray, IntArray]:
     if not ids.size:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     flat = ids.ravel()
-    if int(flat.max()) > _DENSE * flat.size + 4096:
+    if _sparse(flat):
         values, counts = np.unique(flat, return_counts=True)
         return values.astype(np.int64, copy=False), counts
     counts = np.bincount(flat)
@@ -64,11 +64,16 @@ def distinct_inverse(ids: Ints) -> tuple[IntArray, IntArray]:
     """`distinct(ids)` and each id's position in it (`np.unique(..., return_inverse=True)`),
     by counting where the ids are dense, by sorting where they are few against their range."""
     flat = ids.ravel()
-    if not flat.size or int(flat.max()) > _DENSE * flat.size + 4096:
+    if not flat.size or _sparse(flat):
         values, inverse = np.unique(flat, return_inverse=True)
         return values.astype(np.int64, copy=False), inverse.astype(np.int64, copy=False)
     present = np.bincount(flat) > 0
     return np.flatnonzero(present), (np.cumsum(present) - 1)[flat]
+
+
+def _sparse(flat: Ints) -> bool:
+    """Whether ids are few against their range, so sorting them beats counting the range."""
+    return int(flat.max()) > _DENSE * flat.size + 4096
 
 
 _DENSE = 8  # ids counted when their range is at most this many times their number
