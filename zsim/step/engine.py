@@ -162,17 +162,7 @@ class Engine(RankGroups):
         self.tally.add_pass(rank, task.parts)
         self.task_start[rank][task.index] = start
         self.task_end[rank][task.index] = start + task.duration_s
-        self.passes.append(
-            FusedPass(
-                rank,
-                task.name,
-                str(task.category),
-                task.stream,
-                start,
-                start + task.duration_s,
-                task.parts,
-            )
-        )
+        self.passes.append(FusedPass.of(rank, task, start))
 
     def pass_calls(self, rank: int, parts: tuple[Part, ...]) -> list[tuple[CollectiveCall, int]]:
         """The collectives of a fused pass's parts, each with the groups it stands for."""
@@ -186,11 +176,8 @@ class Engine(RankGroups):
         ]
 
     def record(self, rank: int, task: Task, start: float, end: float) -> None:
-        nbytes = task.comm.nbytes if task.comm else 0.0
         self.task_start[rank][task.index], self.task_end[rank][task.index] = start, end
-        self.spans.append(
-            Span(rank, task.stream, task.name, str(task.category), start, end, nbytes)
-        )
+        self.spans.append(Span.of(rank, task, start, end))
 
     def end(self, rank: int, index: int) -> simpy.Event:
         """The event of a task's end, made when a task first waits for it (most tasks'

@@ -29,6 +29,12 @@ class Span(NamedTuple):
     end_s: float
     nbytes: float = 0.0
 
+    @classmethod
+    def of(cls, rank: int, task: Task, start_s: float, end_s: float) -> Span:
+        """A task run as itself, as the engine records it."""
+        nbytes = task.comm.nbytes if task.comm else 0.0
+        return cls(rank, task.stream, task.name, str(task.category), start_s, end_s, nbytes)
+
 
 class FusedPass(NamedTuple):
     """A pass run as one task (`kernels.fused_pass`); `parts` (starts relative to the pass's)
@@ -41,6 +47,12 @@ class FusedPass(NamedTuple):
     start_s: float
     end_s: float
     parts: tuple[Part, ...]
+
+    @classmethod
+    def of(cls, rank: int, task: Task, start_s: float) -> FusedPass:
+        """A fused task (`task.parts`) that started at `start_s`, as the engine records it."""
+        end_s = start_s + task.duration_s
+        return cls(rank, task.name, str(task.category), task.stream, start_s, end_s, task.parts)
 
     def spans(self) -> list[Span]:
         """The parts as spans, on the pass's stream (the one it occupied)."""
@@ -78,26 +90,14 @@ class TaskBlock:
         return self.pass_start + self.columns.duration[self.pass_at]
 
     def spans(self) -> list[Span]:
-        starts, ends = self.span_start.tolist(), self.span_end.tolist()
-        out = []
-        for index, start, end in zip(self.span_at.tolist(), starts, ends, strict=True):
-            task = self.tasks[index]
-            nbytes = task.comm.nbytes if task.comm else 0.0
-            out.append(
-                Span(self.rank, task.stream, task.name, str(task.category), start, end, nbytes)
-            )
-        return out
+        rows = zip(
+            self.span_at.tolist(), self.span_start.tolist(), self.span_end.tolist(), strict=True
+        )
+        return [Span.of(self.rank, self.tasks[i], start, end) for i, start, end in rows]
 
     def passes(self) -> list[FusedPass]:
-        out = []
-        for index, start in zip(self.pass_at.tolist(), self.pass_start.tolist(), strict=True):
-            task = self.tasks[index]
-            end = start + task.duration_s
-            category = str(task.category)
-            out.append(
-                FusedPass(self.rank, task.name, category, task.stream, start, end, task.parts)
-            )
-        return out
+        rows = zip(self.pass_at.tolist(), self.pass_start.tolist(), strict=True)
+        return [FusedPass.of(self.rank, self.tasks[i], start) for i, start in rows]
 
 
 @dataclass(frozen=True)
