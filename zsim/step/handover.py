@@ -98,11 +98,12 @@ def _replay_rank(
     passes, spans = ran[fused], ran[~fused & finished]
     for kind, times in _in_order(columns.kind[passes]):
         engine.tally.add_pass(rank, columns.kinds[kind], times)
-    for kind, times in _in_order(columns.send_kind[ran[columns.sends[ran]]]):
+    sends = columns.sends
+    for kind, times in _in_order(columns.send_kind[ran[sends[ran]]]):
         engine.tally.add_send(rank, columns.send_kinds[kind], times)
     for index in ran[~finished].tolist():  # running at the cut
         task = tasks[index]
-        if columns.sends[index]:
+        if sends[index]:
             running[(rank, index)] = in_flight(engine, rank, task, prefix)
         elif not task.receives:  # a receive still waiting is the event loop's (`receive`)
             running[(rank, index)] = engine.env.timeout(ends[index] - engine.env.now)

@@ -109,12 +109,16 @@ class TaskColumns(NamedTuple):
     category: IntArray  # index into `categories`
     categories: tuple[str, ...]
     host: npt.NDArray[np.bool_]  # on the host stream
-    sends: npt.NDArray[np.bool_]  # point-to-point sends (not their receives)
     kind: IntArray  # a fused pass's index into `kinds`, -1 for other tasks
     kinds: tuple[tuple[Part, ...], ...]  # the distinct parts tuples of the fused passes
     send_kind: IntArray  # a send's index into `send_kinds`, -1 for other tasks
     send_kinds: tuple[Task, ...]  # a send of each (bytes, peer, category)
     duration: FloatArray
+
+    @property
+    def sends(self) -> npt.NDArray[np.bool_]:
+        """The point-to-point sends (not their receives)."""
+        return self.send_kind >= 0
 
 
 @dataclass
@@ -172,15 +176,13 @@ def _columns(tasks: Sequence[Task]) -> TaskColumns:
             send_kind[task.index] = sends[key]
     categories: dict[Category, int] = {}
     category = [categories.setdefault(t.category, len(categories)) for t in tasks]
-    sent = np.array(send_kind, dtype=np.int64)
     return TaskColumns(
         np.array(category, dtype=np.int64),
         tuple(str(c) for c in categories),
         np.array([t.stream is Stream.HOST for t in tasks], dtype=bool),
-        sent >= 0,
         np.array(kind, dtype=np.int64),
         tuple(by_kind),
-        sent,
+        np.array(send_kind, dtype=np.int64),
         tuple(by_send),
         np.array([t.duration_s for t in tasks], dtype=float),
     )
