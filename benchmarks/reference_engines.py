@@ -12,10 +12,22 @@ from zsim.workload.parallel import DpEngine, PipelineEngine, ZeroKnobs, ZeroStag
 
 
 def flash(fw: str) -> bool:
-    """FlashAttention where the software used it: Megatron-Core/NeMo, MPT (attn_impl flash),
-    torchtitan (SDPA flash); not in Megatron-LM 2020-21, BLOOM's Megatron-DeepSpeed or the
-    DeepSpeed tutorials' Megatron GPT-2."""
+    """FlashAttention where the software used it: Megatron-Core/NeMo, MPT (llm-foundry's
+    Triton kernel, see TRITON_FLASH), torchtitan (SDPA flash); not in Megatron-LM 2020-21,
+    BLOOM's Megatron-DeepSpeed or the DeepSpeed tutorials' Megatron GPT-2."""
     return fw in ("mcore", "mpt", "torchtitan")
+
+
+# llm-foundry's benchmark tables ran `attn_impl: triton` (scripts/train/benchmarking/
+# submit_benchmarks.py's default at a7d6a44 and 5e85bd6, never overridden by sweep.sh; the MPT
+# yamls say the same), i.e. its vendored flash_attn_triton.py, not FlashAttention-2's CUDA
+# kernels. zsim has a rate for the latter only (the reference's Azure row); the Triton one is
+# "slightly slower than [FlashAttention 1's] CUDA forward + backward" (its own docstring) and
+# FlashAttention-2 is 1.3-2.5x faster than it (Dao 2023, section 4.1): a range, not a rate.
+TRITON_FLASH = (
+    "attention: llm-foundry's Triton FlashAttention (attn_impl: triton), costed at "
+    "FlashAttention-2's rate, 1.3-2.5x faster than it (Dao 2023)"
+)
 
 
 def block_params(model: ModelSpec, tp: int) -> int:

@@ -11,7 +11,7 @@ import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from reference_engines import engine_fields, flash, zero_plus_plus
+from reference_engines import TRITON_FLASH, engine_fields, flash, zero_plus_plus
 
 from zsim.errors import InputError
 from zsim.workload.model import ModelSpec
@@ -322,13 +322,35 @@ def megatron_flops(model: ModelSpec, batch: int, recompute: bool) -> float:
     return 72 * b * s * layers * h**2 * (1 + s / (6 * h) + v / (12 * layers * h))
 
 
-def cluster(row: dict[str, str], notes: list[str]) -> tuple[str, int, str]:
+# Sources published before the A100 80GB existed (announced at SC20, 2020-11-16: AnandTech,
+# "NVIDIA Announces A100 80GB: Ampere Gets HBM2e Memory Upgrade"): an A100 whose memory they do
+# not state is the 40 GB card (HBM2, 1,555 GB/s), not the 80 GB one (2,039 GB/s).
+BEFORE_A100_80GB = frozenset({"megatron_readme_2020_09"})
+
+
+def a100_preset(row: dict[str, str], assumed: list[str]) -> str:
+    """The A100 preset of a row: its stated memory, else the card its source's date allows."""
+    gpu_type = text(row, "gpu_type")
+    if "40" in gpu_type:
+        return "a100-40gb"
+    if "80" in gpu_type:
+        return "a100-80gb"
+    if row["source_id"] in BEFORE_A100_80GB:
+        assumed.append("A100 40GB (published before the 80GB card)")
+        return "a100-40gb"
+    assumed.append("A100 80GB (memory not stated)")
+    return "a100-80gb"
+
+
+def cluster(
+    row: dict[str, str], notes: list[str], assumed: list[str]
+) -> tuple[str, int, str]:
     """(fabric preset or YAML, GPUs per node, GPU preset) closest to the row's cluster."""
     gpu_type, net = text(row, "gpu_type"), text(row, "node_interconnect")
     if "v100" in gpu_type:
         return str(REFERENCE / "dgx2-v100.yaml"), 16, "v100-32gb"
     if "a100" in gpu_type:
-        gpu = "a100-40gb" if "40" in gpu_type else "a100-80gb"
+        gpu = a100_preset(row, assumed)
         if "jean zay" in net:
             return str(REFERENCE / "jean-zay-a100.yaml"), 8, gpu
         if "hdr ib" not in net and "selene" not in net and "dgx-a100" not in net:
@@ -381,7 +403,9 @@ def map_row(row: dict[str, str], file: str) -> Case:
         )
     except InputError as exc:
         raise Skip(f"zsim refuses the layout: {exc}") from None
-    fabric, per_node, gpu = cluster(row, notes)
+    fabric, per_node, gpu = cluster(row, notes, assumed)
+    if fw == "mpt":
+        notes.append(TRITON_FLASH)
     step, source = measured(row, model)
     return Case(
         row_id=row["row_id"],

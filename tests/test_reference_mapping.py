@@ -79,3 +79,21 @@ def test_megatron_accumulates_in_grad_only_before_gradient_accumulation_fusion()
     new = map_row(_megatron_row("training_megatron_3d_parallel-055"), FILES["megatron"])
     assert not old.parallel.grad_accumulation_fusion
     assert new.parallel.grad_accumulation_fusion
+
+
+@pytest.mark.parametrize(
+    ("row_id", "gpu", "assumed"),
+    [
+        # README of 2020-09-11: the only DGX A100 then held 40 GB cards (80 GB came 2020-11-16)
+        ("training_megatron_3d_parallel-035", "a100-40gb", "A100 40GB (published before"),
+        ("training_megatron_3d_parallel-042", "a100-40gb", "A100 40GB (published before"),
+        # Selene, 2021: memory not stated, taken as 80 GB and said so
+        ("training_megatron_3d_parallel-026", "a100-80gb", "A100 80GB (memory not stated)"),
+    ],
+)
+def test_an_a100_of_unstated_memory_is_the_card_its_sources_date_allows(row_id, gpu, assumed):
+    row = _megatron_row(row_id)
+    assert "40" not in row["gpu_type"] and "80" not in row["gpu_type"]
+    case = map_row(row, FILES["megatron"])
+    assert case.gpu == gpu
+    assert any(a.startswith(assumed) for a in case.assumed)
