@@ -93,7 +93,8 @@ def test_megatron_accumulates_in_grad_only_before_gradient_accumulation_fusion()
 )
 def test_an_a100_of_unstated_memory_is_the_card_its_sources_date_allows(row_id, gpu, assumed):
     row = _megatron_row(row_id)
-    assert "40" not in row["gpu_type"] and "80" not in row["gpu_type"]
+    assert "40" not in row["gpu_type"]
+    assert "80" not in row["gpu_type"]
     case = map_row(row, FILES["megatron"])
     assert case.gpu == gpu
     assert any(a.startswith(assumed) for a in case.assumed)
