@@ -342,9 +342,7 @@ def a100_preset(row: dict[str, str], assumed: list[str]) -> str:
     return "a100-80gb"
 
 
-def cluster(
-    row: dict[str, str], notes: list[str], assumed: list[str]
-) -> tuple[str, int, str]:
+def cluster(row: dict[str, str], notes: list[str], assumed: list[str]) -> tuple[str, int, str]:
     """(fabric preset or YAML, GPUs per node, GPU preset) closest to the row's cluster."""
     gpu_type, net = text(row, "gpu_type"), text(row, "node_interconnect")
     if "v100" in gpu_type:
