@@ -9,6 +9,7 @@ from typing import Any
 
 from zsim.workload.model import ModelSpec
 from zsim.workload.parallel import DpEngine, PipelineEngine, ZeroKnobs, ZeroStage
+from zsim.workload.te_overlap import SmMargins, from_ub_cfgs
 
 
 def flash(fw: str) -> bool:
@@ -28,6 +29,29 @@ TRITON_FLASH = (
     "attention: llm-foundry's Triton FlashAttention (attn_impl: triton), costed at "
     "FlashAttention-2's rate, 1.3-2.5x faster than it (Dao 2023)"
 )
+
+
+# TransformerEngine's SM margins under --tp-comm-overlap (zsim.workload.te_overlap), as each
+# source ran: TE 1.x (Megatron-Core's 2024 README runs, NeMo 24.05 / 24.09) leaves the margin
+# off unless a config sets it; NeMo's GPT-3 175B recipe in NVIDIA/dgxc-benchmarking
+# (nemo_megatron/gpt3_175b_hydra.yaml at 35a9aec, `ub_tp_comm_overlap_cfg`) sets it for its
+# pipelined proj_fprop (24 SMs) and fc2_fprop (20), not for its bulk layers (4, 8, 2, 4 SMs).
+DGXC_GPT3_UB_CFGS = {
+    "qkv_dgrad": {"method": "bulk", "num_sm": 4, "set_sm_margin": 0},
+    "qkv_wgrad": {"method": "bulk", "num_sm": 8, "set_sm_margin": 0},
+    "fc1_dgrad": {"method": "bulk", "num_sm": 2, "set_sm_margin": 0},
+    "fc1_wgrad": {"method": "bulk", "num_sm": 4, "set_sm_margin": 0},
+    "proj_fprop": {"method": "pipeline", "num_sm": 24, "set_sm_margin": 1},
+    "fc2_fprop": {"method": "pipeline", "num_sm": 20, "set_sm_margin": 1},
+}
+
+
+def tp_overlap_sms(row: dict[str, str], assumed: list[str]) -> SmMargins:
+    """The SMs TE took from each overlapped GEMM in the row's run."""
+    if row["source_id"] == "nvidia_dgxc_benchmarking" and "GPT-3" in row["model_name"]:
+        return from_ub_cfgs(DGXC_GPT3_UB_CFGS)
+    assumed.append("TE 1.x userbuffers: no SM margin")
+    return ()
 
 
 def block_params(model: ModelSpec, tp: int) -> int:

@@ -98,3 +98,15 @@ def test_an_a100_of_unstated_memory_is_the_card_its_sources_date_allows(row_id, 
     case = map_row(row, FILES["megatron"])
     assert case.gpu == gpu
     assert any(a.startswith(assumed) for a in case.assumed)
+
+
+def test_tp_overlap_sms_are_the_runs_own():
+    # NeMo 24.05's GPT-3 175B recipe (dgxc-benchmarking gpt3_175b_hydra.yaml): set_sm_margin
+    # on for proj_fprop (24 SMs) and fc2_fprop (20), off for its bulk layers
+    nemo = map_row(_megatron_row("training_megatron_3d_parallel-067"), FILES["megatron"])
+    assert nemo.parallel.tp_comm_overlap
+    assert dict(nemo.parallel.tp_overlap_sms) == {"proj_fprop": 24, "fc2_fprop": 20}
+    # Megatron-Core's 2024 README runs, on TE 1.x: the margin off by default
+    mcore = map_row(_megatron_row("training_megatron_3d_parallel-055"), FILES["megatron"])
+    assert mcore.parallel.tp_comm_overlap
+    assert mcore.parallel.tp_overlap_sms == ()

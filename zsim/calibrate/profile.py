@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -142,12 +143,13 @@ def _backend(where: str, value: Any) -> str:
     return str(value)
 
 
-def _positive(where: str, value: Any) -> float:
-    return _number(where, value)
+_positive: Parse = _number
+_non_negative: Parse = partial(_number, allow_zero=True)
 
 
-def _non_negative(where: str, value: Any) -> float:
-    return _number(where, value, allow_zero=True)
+def _count(where: str, value: Any) -> int:
+    require(isinstance(value, int) and value >= 0, where, value, "a whole number >= 0")
+    return int(value)
 
 
 def _optional(parse: Parse) -> Parse:
@@ -178,6 +180,7 @@ PROFILE_FIELDS: dict[str, Parse] = {
     "optimizer_bytes_per_s": _positive,
     "host_adam_params_per_s": _non_negative,
     "host_memory_bytes": _non_negative,
+    "sm_count": _count,
     "layer_times": _records(LayerTime),
     "links": _records(LinkFit, ("latency_s",)),
     "call_latency_s": _optional(_non_negative),

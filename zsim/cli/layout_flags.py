@@ -105,6 +105,13 @@ def _add_megatron_flags(g: Any) -> None:
         "needs --sequence-parallel)",
     )
     g.add_argument(
+        "--tp-comm-overlap-cfg",
+        metavar="YAML",
+        help="with --tp-comm-overlap: TransformerEngine's userbuffers settings by layer "
+        "(Megatron's flag; each layer's num_sm taken from its GEMM where set_sm_margin is on). "
+        "Default: TE's own (16 SMs from its pipeline and bulk GEMMs)",
+    )
+    g.add_argument(
         "--no-async-tensor-model-parallel-allreduce",
         dest="async_tp_allreduce",
         action="store_false",

@@ -67,6 +67,7 @@ def _parallel_from(
             "fsdp_shard_size",
             "overlap_param_gather",
             "tp_comm_overlap",
+            "tp_comm_overlap_cfg",
             "async_tp_allreduce",
             "grad_accumulation_fusion",
             "reduce_bucket_size",

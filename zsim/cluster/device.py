@@ -91,6 +91,7 @@ class DeviceProfile:
     optimizer_bytes_per_s: float  # streaming rate of the fused Adam step on the device
     host_adam_params_per_s: float = 0.0  # CPU Adam rate for offload; 0 = unknown
     host_memory_bytes: float = 0.0  # this rank's share of its host's DRAM (offload); 0 = unknown
+    sm_count: int = 0  # streaming multiprocessors (spec sheet); 0 = unknown (CPU ranks)
     layer_times: Mapping[str, LayerTime] = field(default_factory=dict)
     links: Mapping[str, LinkFit] = field(default_factory=dict)  # by link class; overrides presets
     call_latency_s: float | None = None  # fitted fixed cost per collective call; None = preset's

@@ -139,6 +139,7 @@ def profile_from_spec(
         optimizer_bytes_per_s=mem_rate,
         host_adam_params_per_s=host_adam_params_per_s(spec),
         host_memory_bytes=host_memory_bytes(spec),
+        sm_count=int(spec.get("sm_count", 0)),
         notes=tuple(notes),
     )
 

@@ -13,13 +13,15 @@ from typing import Any
 from zsim.cluster.device import DeviceProfile
 from zsim.errors import InputError, count, positive_int, require
 from zsim.inputs.ds_file import fill_trainer_auto, merged_batch
-from zsim.inputs.files import load_json
+from zsim.inputs.files import load_json, load_mapping
 from zsim.workload import model_presets as models
 from zsim.workload import parallel as par
+from zsim.workload.batch import resolve_batch
 from zsim.workload.ds_config import from_ds_config
 from zsim.workload.model import ModelKind, ModelSpec
 from zsim.workload.parallel import ParallelConfig
 from zsim.workload.sharding import FsdpSharding
+from zsim.workload.te_overlap import from_ub_cfgs
 
 
 @dataclass(frozen=True)
@@ -147,6 +149,9 @@ def build_parallel(
         if not isinstance(v, bool):
             knob_flags[k] = parse_count(k, v)
     other = {k: v for k, v in flags.items() if v is not None}
+    if "tp_comm_overlap_cfg" in other:  # Megatron's flag: TransformerEngine's ub_cfgs YAML
+        ub_cfgs = load_mapping(Path(other.pop("tp_comm_overlap_cfg")), "tp_comm_overlap_cfg")
+        other["tp_overlap_sms"] = from_ub_cfgs(ub_cfgs)
     for name in ("virtual_stages", "fsdp_shard_size"):
         if name in other:
             other[name] = parse_int(name, other[name])
@@ -158,7 +163,7 @@ def build_parallel(
         )
     else:
         dp = dp or 1
-        m, a = par.resolve_batch(dp, micro, accum, global_batch)
+        m, a = resolve_batch(dp, micro, accum, global_batch)
         cfg = ParallelConfig(dp=dp, tp=tp, pp=pp, micro_batch=m, grad_accum=a)
     updates: dict[str, Any] = {k: v for k, v in choices.items() if v is not None} | other
     if stage is None and choices["dp_engine"] is par.DpEngine.FSDP:
@@ -201,7 +206,7 @@ def _from_file(
         "train_batch_size or train_micro_batch_size_per_gpu in the file, or a batch flag "
         "(DeepSpeed needs one of them)",
     )
-    m, a = par.resolve_batch(cfg.dp, micro, accum, global_batch)
+    m, a = resolve_batch(cfg.dp, micro, accum, global_batch)
     if precision is None and cfg.precision is par.Precision.FP32:
         notes.append(f"{path.name} enables neither fp16 nor bf16: fp32, DeepSpeed's default")
     return replace(cfg, micro_batch=m, grad_accum=a), notes

@@ -15,6 +15,7 @@ from zsim.simulation import Report
 from zsim.step.spans import Fold
 from zsim.workload.model import ModelKind, ModelSpec
 from zsim.workload.parallel import DpEngine, ParallelConfig, ZeroStage
+from zsim.workload.te_overlap import TE_DEFAULT_SMS
 
 # piped output is not cut to 80 columns (rich's default without a terminal); a narrow
 # terminal wraps cells instead of truncating them
@@ -77,6 +78,8 @@ def _non_default(cfg: ParallelConfig) -> dict[str, Any]:
     flags += [("--tp-comm-overlap", cfg.tp_comm_overlap)]
     if any(on for _, on in flags):
         out["megatron_overlaps"] = [name for name, on in flags if on]
+    if cfg.tp_comm_overlap and cfg.tp_overlap_sms != TE_DEFAULT_SMS:
+        out["tp_overlap_sms"] = dict(cfg.tp_overlap_sms)
     if not cfg.async_tp_allreduce and cfg.tp > 1:
         out["async_tp_allreduce"] = False
     if not cfg.grad_accumulation_fusion:

@@ -390,5 +390,6 @@ class Estimator:
 
 def _kernel_key(c: ParallelConfig) -> tuple[object, ...]:
     """What a layer's pass time depends on."""
-    tensor_parallel = (c.tp, c.sequence_parallel, c.tp_comm_overlap, c.async_tp_allreduce)
-    return (*tensor_parallel, c.micro_batch, c.recompute, c.flash_attention, c.precision)
+    tensor_parallel = (c.tp, c.sequence_parallel, c.async_tp_allreduce)
+    overlap = (c.tp_comm_overlap, c.tp_overlap_sms)
+    return (*tensor_parallel, *overlap, c.micro_batch, c.recompute, c.flash_attention, c.precision)

@@ -8,6 +8,7 @@ and becomes one task per micro-batch (`fused_pass`): the same timing, far fewer 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import cached_property
 from typing import Generic, TypeVar
 
 from zsim.cluster.device import LayerTime, layer_time_key
@@ -37,6 +38,7 @@ from zsim.step.tensor_parallel import (
 )
 from zsim.workload.layout import layer_passes
 from zsim.workload.model import ComputeOp, Layer, OpKind
+from zsim.workload.te_overlap import gemm_slowdown
 
 H = TypeVar("H")
 Gather = Callable[[ComputeOp, list[Task]], list[Task]]
@@ -56,6 +58,14 @@ class LayerKernels:
     @property
     def can_fuse(self) -> bool:
         return self.tp_time is not None
+
+    @cached_property
+    def overlap_slowdown(self) -> dict[str, float]:
+        """With --tp-comm-overlap, each GEMM's time on the SMs TE leaves it, over its time."""
+        cfg = self.job.cfg
+        if not cfg.tp_comm_overlap or cfg.tp == 1:
+            return {}
+        return gemm_slowdown(cfg.tp_overlap_sms, self.job.device.sm_count)
 
     def op_seconds(self, ops: Sequence[ComputeOp]) -> float:
         key = tuple(ops)
@@ -233,7 +243,7 @@ class _TpCollectives(Generic[H]):
         self.points = tp_points(cfg, forward)
         self.regathered = regathered(cfg, forward)
         self.gathered_before = gathered_before(cfg, forward)
-        self.overlap = cfg.tp_comm_overlap
+        self.overlap, self.slow = cfg.tp_comm_overlap, kernels.overlap_slowdown
         self.async_dgrad = cfg.async_tp_allreduce or cfg.sequence_parallel
         self.nbytes = tp_bytes(kernels.job.model, cfg)
         self.ce_bytes = cross_entropy_bytes(kernels.job.model, cfg)
@@ -244,15 +254,23 @@ class _TpCollectives(Generic[H]):
         self.needed: list[H] = []  # the re-gathered input the next wgrad GEMM waits for
         self.ring: H | None = None  # a gather the next GEMM is ring-exchanged with
 
+    def _seconds(self, ops: list[ComputeOp]) -> float:
+        """The ops' time, each GEMM TE overlaps on the SMs its kernels leave it."""
+        seconds = self.kernels.op_seconds(ops)
+        for op in ops if self.slow else ():
+            if op.name in self.slow:
+                seconds += (self.slow[op.name] - 1.0) * self.kernels.op_seconds([op])
+        return self.scale * seconds
+
     def flush(self) -> None:
         if self.segment:
-            seconds = self.scale * self.kernels.op_seconds(self.segment)
+            seconds = self._seconds(self.segment)
             name = f"{self.tag}.{self.segment[0].name}"
             self.last = [self.emit.compute(name, seconds, self.category, self.last)]
             self.segment = []
 
     def _gemm(self, op: ComputeOp, share: float, deps: list[H], part: str) -> H:
-        seconds = share * self.scale * self.kernels.op_seconds([op])
+        seconds = share * self._seconds([op])
         return self.emit.compute(f"{self.tag}.{op.name}{part}", seconds, self.category, deps)
 
     def _comm(

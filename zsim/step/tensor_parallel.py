@@ -22,7 +22,7 @@ proj and fc2 (tp splits: each chunk's GEMM runs while the next chunk arrives, so
 chunk's GEMM waits for the whole gather); "pipeline" for the reduce-scatters after proj and
 fc2 (4 splits: a chunk is reduce-scattered while the next is computed); "bulk" for the
 backward's input gather and dgrad reduce-scatter (beside the other GEMM, as without it).
-Not modelled: the 16 SMs TE's pipeline and bulk kernels take from the GEMMs beside them.
+The SMs TE's kernels take from the GEMMs beside them: `zsim.workload.te_overlap`.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from zsim.errors import InputError, count, positive_int, require
+from zsim.workload.batch import resolve_batch
 from zsim.workload.parallel import (
     Offload,
     ParallelConfig,
@@ -13,7 +14,6 @@ from zsim.workload.parallel import (
     Recompute,
     ZeroKnobs,
     ZeroStage,
-    resolve_batch,
 )
 
 _KNOB_KEYS = {

@@ -6,7 +6,6 @@ read from and written to a real `ds_config.json` in `zsim.workload.ds_config`.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 from enum import IntEnum, StrEnum
 from typing import Any
@@ -15,6 +14,7 @@ from zsim.errors import InputError, positive_int, require
 from zsim.workload import zero_plus_plus as zpp
 from zsim.workload.mechanisms import Mechanism, parse_mechanisms
 from zsim.workload.sharding import FsdpSharding, check_fsdp, shard_ranks
+from zsim.workload.te_overlap import TE_DEFAULT_SMS, SmMargins, parse_sms
 
 STAGE0_ALLREDUCE_BUCKET_NUMEL = 500_000_000
 """Elements per all-reduce bucket of DeepSpeed's stage 0 (`MEMORY_OPT_ALLREDUCE_SIZE`,
@@ -155,6 +155,8 @@ class ParallelConfig:
     overlap_param_gather: bool = False
     # Megatron-Core's --tp-comm-overlap (TransformerEngine userbuffers; sequence parallel)
     tp_comm_overlap: bool = False
+    # with it, the SMs TE's kernels take from each overlapped GEMM (zsim.workload.te_overlap)
+    tp_overlap_sms: SmMargins = TE_DEFAULT_SMS
     # Megatron's --async-tensor-model-parallel-allreduce (since 2021-08; off: the backward's
     # input-gradient all-reduce after the weight-gradient GEMM, on the compute stream)
     async_tp_allreduce: bool = True
@@ -187,6 +189,7 @@ class ParallelConfig:
         for name, kind in _ENUM_FIELDS.items():  # accept "full", 3, ... from Python callers
             object.__setattr__(self, name, _as_enum(name, getattr(self, name), kind))
         object.__setattr__(self, "without", parse_mechanisms(self.without))
+        object.__setattr__(self, "tp_overlap_sms", parse_sms(self.tp_overlap_sms))
         for name in ("dp", "tp", "pp", "micro_batch", "grad_accum", "virtual_stages"):
             positive_int(name, getattr(self, name))
         require(
@@ -343,47 +346,6 @@ def _as_enum(name: str, value: Any, kind: type[Any]) -> Any:
     except ValueError:
         allowed = ", ".join(str(e.value) for e in kind)
         raise InputError(name, value, f"one of {allowed}") from None
-
-
-def resolve_batch(
-    dp: int, micro_batch: int | None, grad_accum: int | None, global_batch: int | None
-) -> tuple[int, int]:
-    """(micro_batch, grad_accum) from any two of the three, by DeepSpeed's rule.
-
-    Mirrors `DeepSpeedConfig._set_batch_related_parameters` and `_batch_assertion`:
-    train_batch_size = micro_batch x grad_accum x dp, refused when inconsistent.
-    """
-    for name, value in (
-        ("micro_batch", micro_batch),
-        ("grad_accum", grad_accum),
-        ("global_batch", global_batch),
-    ):
-        if value is not None:
-            positive_int(name, value)
-    if global_batch is None:
-        return micro_batch or 1, grad_accum or 1
-    given = [(n, v) for n, v in (("micro_batch", micro_batch), ("grad_accum", grad_accum)) if v]
-    per_sample = math.prod(v for _, v in given) * dp  # what the batch must be a multiple of
-    if len(given) < 2 and (global_batch % per_sample or global_batch < per_sample):
-        factors = " x ".join([*(f"{n} {v}" for n, v in given), f"dp {dp}"])
-        raise InputError(
-            "global_batch",
-            global_batch,
-            f"a multiple of {factors} = {per_sample} (train_batch_size = micro_batch_per_gpu "
-            "x gradient_accumulation_steps x dp)",
-        )
-    if micro_batch is None:
-        micro_batch = global_batch // dp // (grad_accum or 1)
-    if grad_accum is None:
-        grad_accum = global_batch // micro_batch // dp
-    if micro_batch * grad_accum * dp != global_batch:
-        raise InputError(
-            "global_batch",
-            global_batch,
-            "train_batch_size must equal micro_batch_per_gpu * gradient_acc_step * world_size "
-            f"(dp): {global_batch} != {micro_batch} * {grad_accum} * {dp}",
-        )
-    return micro_batch, grad_accum
 
 
 def with_stage(cfg: ParallelConfig, stage: ZeroStage) -> ParallelConfig:

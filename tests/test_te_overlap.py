@@ -1,0 +1,90 @@
+"""TransformerEngine's SM margins under --tp-comm-overlap, against its source: `initialize_ub`'s
+defaults (transformer_engine/pytorch/module/base.py, TE >= 2.0: "num_sm" 1 for ring_exchange
+layers and 16 otherwise, "set_sm_margin" on except for ring_exchange) and the GEMM launched on
+`sm_count - num_sm` SMs where the margin is on (comm_gemm_overlap.cpp `_math_sms`)."""
+
+from dataclasses import replace
+
+import pytest
+
+from zsim.errors import InputError
+from zsim.inputs import presets
+from zsim.step.job import StageJob
+from zsim.step.kernels import LayerKernels
+from zsim.workload.layout import layer_passes
+from zsim.workload.model_presets import preset
+from zsim.workload.parallel import ParallelConfig
+from zsim.workload.te_overlap import TE_DEFAULT_SMS, from_ub_cfgs
+
+H100 = presets.gpu("h100-sxm")
+MODEL = preset("gpt-1.3b")
+BLOCK = next(x for x in MODEL.layer_list() if str(x.kind) == "block")
+CFG = ParallelConfig(tp=8, sequence_parallel=True, micro_batch=4, tp_comm_overlap=True)
+
+
+def test_te_defaults_reserve_16_sms_for_its_pipeline_and_bulk_layers():
+    pipeline, bulk = (
+        ["proj_fprop", "fc2_fprop"],
+        ["qkv_dgrad", "qkv_wgrad", "fc1_dgrad", "fc1_wgrad"],
+    )
+    assert dict(TE_DEFAULT_SMS) == dict.fromkeys(pipeline + bulk, 16)
+
+
+def test_a_config_file_sets_margins_where_set_sm_margin_is_on():
+    # NVIDIA/dgxc-benchmarking nemo_megatron/gpt3_175b_hydra.yaml, ub_tp_comm_overlap_cfg
+    ub = {
+        "qkv_dgrad": {"method": "bulk", "num_sm": 4, "set_sm_margin": 0},
+        "proj_fprop": {"method": "pipeline", "num_sm": 24, "set_sm_margin": 1},
+        "fc2_fprop": {"method": "pipeline", "num_sm": 20, "set_sm_margin": 1},
+        "fc1_dgrad": {"method": "bulk", "num_sm": 2, "set_sm_margin": 0},
+        "qkv_wgrad": {"method": "bulk", "num_sm": 8, "set_sm_margin": 0},
+        "fc1_wgrad": {"method": "bulk", "num_sm": 4, "set_sm_margin": 0},
+    }
+    assert dict(from_ub_cfgs(ub)) == {"proj_fprop": 24, "fc2_fprop": 20}
+    # a layer it leaves out keeps TE's default
+    assert dict(from_ub_cfgs({"qkv_dgrad": {"set_sm_margin": 0}}))["fc1_wgrad"] == 16
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("tp_overlap_sms", {"attn_fprop": 16}),  # not a TE layer
+        ("tp_overlap_sms.proj_fprop", {"proj_fprop": -1}),
+    ],
+)
+def test_bad_margins_name_the_field(field, value):
+    with pytest.raises(InputError, match=field):
+        replace(CFG, tp_overlap_sms=value)
+
+
+def _free(comm: object) -> float:
+    """A TP collective that takes no time."""
+    del comm
+    return 0.0
+
+
+def _backward(cfg: ParallelConfig) -> tuple[float, dict[str, float]]:
+    """The block's backward with collectives that take no time: its ops back to back."""
+    job = StageJob.of(MODEL, cfg, H100, 0, False)
+    _, end = LayerKernels(job, _free).pass_template(BLOCK, False)
+    ops = layer_passes(MODEL, cfg, BLOCK).backward
+    return end, {op.name: H100.op_time_s(op, job.dtype) for op in ops}
+
+
+def test_the_overlapped_gemms_run_on_the_sms_te_leaves_them():
+    end, t = _backward(CFG)
+    bulk = ("qkv_dgrad", "qkv_wgrad", "fc1_dgrad", "fc1_wgrad")
+    slow = 132 / (132 - 16)  # the H100 SXM5's 132 SMs
+    assert end == pytest.approx(sum(t.values()) + (slow - 1) * sum(t[g] for g in bulk), rel=1e-9)
+    # TE 1.x: no margin, every GEMM on all SMs
+    end, t = _backward(replace(CFG, tp_overlap_sms=()))
+    assert end == pytest.approx(sum(t.values()), rel=1e-9)
+    # and none without the overlap
+    end, t = _backward(replace(CFG, tp_comm_overlap=False))
+    assert end == pytest.approx(sum(t.values()), rel=1e-9)
+
+
+def test_a_margin_of_every_sm_is_refused():
+    cfg = replace(CFG, tp_overlap_sms={"proj_fprop": 132})
+    with pytest.raises(InputError, match="fewer than the GPU's 132 SMs"):
+        LayerKernels(StageJob.of(MODEL, cfg, H100, 0, False), _free).pass_template(BLOCK, True)

@@ -1,0 +1,93 @@
+"""TransformerEngine's userbuffers under Megatron-Core's --tp-comm-overlap: the SMs its
+communication kernels take from the GEMM they overlap.
+
+TE launches an overlapped GEMM on `sm_count - num_sm` SMs where the layer's `set_sm_margin`
+is on (`_math_sms` in `common/comm_gemm_overlap/comm_gemm_overlap.cpp`, NVIDIA/
+TransformerEngine d0067d0; `pytorch/csrc/comm_gemm_overlap.h` in 1.x), leaving `num_sm` to
+the reduce-scatter or all-gather kernel beside it. Its defaults (`initialize_ub`'s
+`get_default_config`): "pipeline" and "bulk" layers `num_sm` 16 with the margin on since
+TE 2.0 (544dd14, 2025-02), off in 1.x (`set_sm_margin` False: the kernels share the GEMM's
+SMs instead, not modelled); "ring_exchange" layers 1 SM, margin off. A Megatron
+`--tp-comm-overlap-cfg` file (TE's `ub_cfgs`) sets them per layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from zsim.errors import InputError, require
+
+TE_METHODS: dict[str, str] = {
+    "qkv_fprop": "ring_exchange",
+    "fc1_fprop": "ring_exchange",
+    "proj_dgrad": "ring_exchange",
+    "fc2_dgrad": "ring_exchange",
+    "proj_fprop": "pipeline",
+    "fc2_fprop": "pipeline",
+    "qkv_dgrad": "bulk",
+    "qkv_wgrad": "bulk",
+    "fc1_dgrad": "bulk",
+    "fc1_wgrad": "bulk",
+}
+"""TE's default overlap method of each userbuffers layer (`initialize_ub`'s `methods`)."""
+
+TE_LAYER_OPS: dict[str, str] = {layer: layer.removesuffix("_fprop") for layer in TE_METHODS}
+"""The GEMM each TE layer is in zsim: the forward's by the linear's name, the backward's as
+"<linear>_dgrad" / "<linear>_wgrad"."""
+
+SmMargins = tuple[tuple[str, int], ...]
+
+
+def parse_sms(value: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> SmMargins:
+    """(TE layer, SMs) pairs, sorted, from a mapping or pairs; zero margins dropped."""
+    pairs = value.items() if isinstance(value, Mapping) else value
+    out = {}
+    for layer, sms in pairs:
+        require(layer in TE_METHODS, "tp_overlap_sms", layer, f"one of {', '.join(TE_METHODS)}")
+        require(
+            isinstance(sms, int) and not isinstance(sms, bool) and sms >= 0,
+            f"tp_overlap_sms.{layer}",
+            sms,
+            "a non-negative whole number of SMs",
+        )
+        if sms:
+            out[layer] = sms
+    return tuple(sorted(out.items()))
+
+
+def from_ub_cfgs(ub_cfgs: Mapping[str, Any]) -> SmMargins:
+    """The margins a TE `ub_cfgs` mapping (Megatron's --tp-comm-overlap-cfg) gives: each
+    layer's config is TE's default updated with the mapping's keys (as `initialize_ub` does),
+    its margin `num_sm` where `set_sm_margin` is on."""
+    require(isinstance(ub_cfgs, Mapping), "tp_comm_overlap_cfg", ub_cfgs, "a mapping by layer")
+    margins = {}
+    for layer in ub_cfgs:
+        require(
+            layer in TE_METHODS, "tp_comm_overlap_cfg", layer, f"one of {', '.join(TE_METHODS)}"
+        )
+    for layer, method in TE_METHODS.items():
+        ring = method == "ring_exchange"
+        given = ub_cfgs.get(layer) or {}
+        require(isinstance(given, Mapping), f"tp_comm_overlap_cfg.{layer}", given, "a mapping")
+        cfg = {"num_sm": 1 if ring else 16, "set_sm_margin": not ring} | dict(given)
+        margins[layer] = cfg["num_sm"] if cfg["set_sm_margin"] else 0
+    return parse_sms(margins)
+
+
+TE_DEFAULT_SMS = from_ub_cfgs({})
+"""TE >= 2.0's margins: 16 SMs for its "pipeline" (proj_fprop, fc2_fprop) and "bulk" layers."""
+
+
+def gemm_slowdown(margins: SmMargins, sm_count: int) -> dict[str, float]:
+    """Each overlapped GEMM's time over its time on every SM (by zsim op name): a GEMM on
+    `sm_count - m` SMs runs `sm_count / (sm_count - m)` times as long. None where the
+    device's SM count is unknown (0: CPU ranks, profiles without one)."""
+    if not sm_count:
+        return {}
+    out = {}
+    for layer, sms in margins:
+        if sms >= sm_count:
+            raise InputError(f"tp_overlap_sms.{layer}", sms, f"fewer than the GPU's {sm_count} SMs")
+        out[TE_LAYER_OPS[layer]] = sm_count / (sm_count - sms)
+    return out
