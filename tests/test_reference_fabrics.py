@@ -10,6 +10,7 @@ from zsim.inputs.files import load_mapping
 from zsim.inputs.presets import gpu_names
 from zsim.network.collective import CollectiveCall, CollectiveOp
 from zsim.network.communicator import simulate_s
+from zsim.network.nccl import nccl_rings
 
 JEAN_ZAY = (
     Path(__file__).resolve().parent.parent / "benchmarks" / "reference" / "jean-zay-a100.yaml"
@@ -25,3 +26,13 @@ def test_jean_zay_reproduces_bigsciences_all_reduce_bench():
     topo = build_topology("jz", fabric_from_mapping(data, "jz", gpu_names()), 4, 8)
     call = CollectiveCall(CollectiveOp.ALL_REDUCE, 4e9, tuple(range(32)))
     assert simulate_s(topo, [call])[0] == pytest.approx(1.5292, rel=0.03)
+
+
+def test_jean_zay_rings_are_the_ones_nccls_log_shows():
+    """The same log: 'Channel 00/02' and 'Channel 01/02' both run 0 1 2 ... 31, each node entered
+    at its local GPU 0 and left at its GPU 7 (every inter-node hop 8k+7 -> 8k+8)."""
+    data = load_mapping(JEAN_ZAY, "topology")
+    data.pop("nodes")
+    topo = build_topology("jz", fabric_from_mapping(data, "jz", gpu_names()), 4, 8)
+    rings = nccl_rings(topo, tuple(range(32)))
+    assert rings.tolist() == [list(range(32))] * 2

@@ -138,6 +138,9 @@ class FabricSpec:
     leaf_ports: int  # NIC-facing ports per leaf switch
     oversubscription: float  # leaf down / up capacity
     switch_latency_s: float  # leaf <-> spine hop
+    # NCCL's rings across nodes: 0, one channel per member slot, each on its own rail; N > 0,
+    # N channels on one path, every node entered at its first member and left at its last
+    ring_channels: int = 0
 
 
 # ---- from a mapping (a preset or a user's file) ------------------------------------------
@@ -184,7 +187,7 @@ def fabric_from_mapping(
         gpu,
         "one of " + ", ".join(sorted(gpu_names)) + " (or null for a CPU fabric)",
     )
-    backend, call_latency_s, host_cpu, protocol = _backend(data, source)
+    backend, call_latency_s, host_cpu, protocol, ring_channels = _backend(data, source)
     pcie_map = data.get("pcie") or {}
     return FabricSpec(
         name=source,
@@ -195,6 +198,7 @@ def fabric_from_mapping(
         call_latency_s=call_latency_s,
         host_cpu=host_cpu,
         protocol=protocol,
+        ring_channels=ring_channels,
         nvswitch=nvswitch,
         nvlinks_per_gpu=_nvlinks(data, source),
         pcie=pcie,
@@ -328,9 +332,10 @@ PROTOCOL_CHOICES = ("auto", "ll", "ll128", "simple", "ideal")
 (ideal: the routes' latencies and bandwidths only, the textbook alpha-beta network)."""
 
 
-def _backend(data: Mapping[str, Any], source: str) -> tuple[Backend, float, str, str]:
+def _backend(data: Mapping[str, Any], source: str) -> tuple[Backend, float, str, str, int]:
     section = _section(data, "backend", source)
-    _known(section, {"name", "call_latency_us", "host_cpu", "protocol"}, source, "backend.")
+    keys = {"name", "call_latency_us", "host_cpu", "protocol", "ring_channels"}
+    _known(section, keys, source, "backend.")
     call_latency_s = _microseconds(
         section.get("call_latency_us", 0.0), f"{source}:backend.call_latency_us"
     )
@@ -344,7 +349,10 @@ def _backend(data: Mapping[str, Any], source: str) -> tuple[Backend, float, str,
         "one of " + ", ".join(PROTOCOL_CHOICES),
     )
     backend = _choice(section, "name", Backend, source, "backend.")
-    return backend, call_latency_s, str(cpu), str(protocol)
+    channels = section.get("ring_channels", 0)
+    ok = isinstance(channels, int) and not isinstance(channels, bool) and channels >= 0
+    require(ok, f"{source}:backend.ring_channels", channels, "a whole number >= 0")
+    return backend, call_latency_s, str(cpu), str(protocol), channels
 
 
 def _choice(section: Mapping[str, Any], key: str, enum: Any, source: str, prefix: str) -> Any:

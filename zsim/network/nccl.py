@@ -5,7 +5,9 @@
   root in 512 KiB chunks. Across nodes there is one channel per member slot of a node: channel
   c enters and leaves every node on one rail (walking nodes alternately forwards and
   backwards), so each ring crosses every node boundary once and a node's NICs share the
-  inter-node traffic, as NCCL's rings do.
+  inter-node traffic, as NCCL's rings do. A fabric whose `backend.ring_channels` is N > 0
+  has N channels on one path instead (each node entered at its first member, left at its
+  last), as NCCL 2.10 built them on Jean Zay's Omni-Path nodes.
 - tree (all_reduce only): a chain inside each node, NCCL's double binary tree across nodes
   (src/graph/trees.cc; tree 1 mirrors tree 0 for an even node count, shifts it for odd); each
   tree carries half the data; reduce-up and broadcast-down run pipelined at once.
@@ -151,6 +153,9 @@ def _rings(topo: Topology, group: Sequence[int]) -> IntArray:
     grid = regular_nodes(topo, group)  # nodes x members
     if grid is not None and len(grid) == 1:
         return grid
+    nodes = by_node(topo, group)
+    if topo.fabric.ring_channels and len(nodes) > 1:  # channels on one path (the module's doc)
+        return np.tile(np.concatenate(nodes), (topo.fabric.ring_channels, 1))
     if grid is not None:
         channels = g = grid.shape[1]
         c = np.arange(channels)[:, None]
@@ -160,7 +165,7 @@ def _rings(topo: Topology, group: Sequence[int]) -> IntArray:
         index = (first[:, :, None] + step[None, :, None] * np.arange(g)) % g
         rings: IntArray = grid[position[None, :, None], index].reshape(channels, -1)
         return rings
-    members = by_node(topo, group)
+    members = nodes
     irregular = []
     for channel in range(min(len(node) for node in members)):
         ring: list[int] = []
