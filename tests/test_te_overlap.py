@@ -79,8 +79,10 @@ def test_the_overlapped_gemms_run_on_the_sms_te_leaves_them():
     # TE 1.x: no margin, every GEMM on all SMs
     end, t = _backward(replace(CFG, tp_overlap_sms=()))
     assert end == pytest.approx(sum(t.values()), rel=1e-9)
-    # and none without the overlap
+    # and none without the overlap, or with the mechanism switched off (an ablation)
     end, t = _backward(replace(CFG, tp_comm_overlap=False))
+    assert end == pytest.approx(sum(t.values()), rel=1e-9)
+    end, t = _backward(replace(CFG, without={"te-sm-margins"}))
     assert end == pytest.approx(sum(t.values()), rel=1e-9)
 
 

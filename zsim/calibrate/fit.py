@@ -324,6 +324,7 @@ def fit_profile(
         optimizer_bytes_per_s=adam_params_per_s * ADAM_STEP_BYTES_PER_PARAM,
         host_adam_params_per_s=rate_through_origin(host_adam, lambda r: float(r.params)),
         layer_times=layer_times(rows),
+        sm_count=int(info.get("sm_count", 0)),  # CUDA devices only (the worker's info)
         backend=backend if backend in ("nccl", "gloo") else "nccl",
         notes=provenance_notes(info),
     )

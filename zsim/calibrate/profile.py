@@ -148,7 +148,8 @@ _non_negative: Parse = partial(_number, allow_zero=True)
 
 
 def _count(where: str, value: Any) -> int:
-    require(isinstance(value, int) and value >= 0, where, value, "a whole number >= 0")
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    require(whole and value >= 0, where, value, "a whole number >= 0")
     return int(value)
 
 

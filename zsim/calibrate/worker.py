@@ -120,6 +120,7 @@ def provenance(device: torch.device, world: int, local: int) -> dict[str, Any]:
             "device_memory_bytes": total,
             "device_reserved_bytes": total - free,
             "cache_bytes": torch.cuda.get_device_properties(device).L2_cache_size,
+            "sm_count": torch.cuda.get_device_properties(device).multi_processor_count,
         }
     return info
 

@@ -37,6 +37,7 @@ from zsim.step.tensor_parallel import (
     tp_points,
 )
 from zsim.workload.layout import layer_passes
+from zsim.workload.mechanisms import Mechanism
 from zsim.workload.model import ComputeOp, Layer, OpKind
 from zsim.workload.te_overlap import gemm_slowdown
 
@@ -63,7 +64,7 @@ class LayerKernels:
     def overlap_slowdown(self) -> dict[str, float]:
         """With --tp-comm-overlap, each GEMM's time on the SMs TE leaves it, over its time."""
         cfg = self.job.cfg
-        if not cfg.tp_comm_overlap or cfg.tp == 1:
+        if not cfg.tp_comm_overlap or cfg.tp == 1 or not cfg.models(Mechanism.TE_SM_MARGINS):
             return {}
         return gemm_slowdown(cfg.tp_overlap_sms, self.job.device.sm_count)
 
@@ -257,9 +258,9 @@ class _TpCollectives(Generic[H]):
     def _seconds(self, ops: list[ComputeOp]) -> float:
         """The ops' time, each GEMM TE overlaps on the SMs its kernels leave it."""
         seconds = self.kernels.op_seconds(ops)
-        for op in ops if self.slow else ():
-            if op.name in self.slow:
-                seconds += (self.slow[op.name] - 1.0) * self.kernels.op_seconds([op])
+        if self.slow:
+            slowed = [(self.slow[op.name], op) for op in ops if op.name in self.slow]
+            seconds += sum((f - 1.0) * self.kernels.op_seconds([op]) for f, op in slowed)
         return self.scale * seconds
 
     def flush(self) -> None:

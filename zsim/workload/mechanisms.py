@@ -22,6 +22,7 @@ class Mechanism(StrEnum):
     GRAD_ACCUMULATE = "grad-accumulate"
     GATHER_COPY_OUT = "gather-copy-out"
     ENGINE_HOST = "engine-host"
+    TE_SM_MARGINS = "te-sm-margins"
 
 
 MECHANISMS: dict[Mechanism, str] = {
@@ -46,6 +47,8 @@ MECHANISMS: dict[Mechanism, str] = {
     "(torch.cat on the gather stream; off: views)",
     Mechanism.ENGINE_HOST: "DeepSpeed's own host time per engine call on CPU ranks, measured "
     "by zsim calibrate (off: none)",
+    Mechanism.TE_SM_MARGINS: "TransformerEngine's --tp-comm-overlap GEMMs on the SMs its "
+    "communication kernels leave them (set_sm_margin; off: every SM)",
 }
 
 

@@ -81,7 +81,7 @@ TE_DEFAULT_SMS = from_ub_cfgs({})
 
 def gemm_slowdown(margins: SmMargins, sm_count: int) -> dict[str, float]:
     """Each overlapped GEMM's time over its time on every SM (by zsim op name): a GEMM on
-    `sm_count - m` SMs runs `sm_count / (sm_count - m)` times as long. None where the
+    `sm_count - m` SMs runs `sm_count / (sm_count - m)` times as long. Empty where the
     device's SM count is unknown (0: CPU ranks, profiles without one)."""
     if not sm_count:
         return {}
