@@ -10,7 +10,7 @@ from zsim.inputs.files import load_mapping
 from zsim.inputs.presets import gpu_names
 from zsim.network.collective import CollectiveCall, CollectiveOp
 from zsim.network.communicator import simulate_s
-from zsim.network.nccl import nccl_rings
+from zsim.network.nccl import nccl_rings, tree_channels
 
 JEAN_ZAY = (
     Path(__file__).resolve().parent.parent / "benchmarks" / "reference" / "jean-zay-a100.yaml"
@@ -36,3 +36,15 @@ def test_jean_zay_rings_are_the_ones_nccls_log_shows():
     topo = build_topology("jz", fabric_from_mapping(data, "jz", gpu_names()), 4, 8)
     rings = nccl_rings(topo, tuple(range(32)))
     assert rings.tolist() == [list(range(32))] * 2
+
+
+def test_jean_zay_trees_are_headed_by_each_nodes_first_gpu():
+    """The same log's trees ('Trees [0] 1/8/-1->0->-1 ...'): each node's GPU 0 talks to the
+    other nodes; 2 channels of two trees each."""
+    data = load_mapping(JEAN_ZAY, "topology")
+    data.pop("nodes")
+    topo = build_topology("jz", fabric_from_mapping(data, "jz", gpu_names()), 4, 8)
+    channels = tree_channels(topo, tuple(range(32)))
+    assert len(channels) == 2 * 2
+    for chains, _ in channels:
+        assert chains[:, 0].tolist() == [0, 8, 16, 24]

@@ -272,13 +272,16 @@ def regular_nodes(topo: Topology, group: Sequence[int]) -> IntArray | None:
 
 def tree_channels(topo: Topology, group: Sequence[int]) -> list[tuple[IntArray, IntArray]]:
     """(chains: one row per node, parent of each node) for every channel x tree. Channel c's
-    chain in a node starts at member c, the node's head, which talks to the other nodes."""
+    chain in a node starts at member c, the node's head, which talks to the other nodes; with
+    `backend.ring_channels` N, N channels whose heads are every node's first member (as the
+    rings on one path)."""
     grid = regular_nodes(topo, group)
     if grid is None:
         members = [len(node) for node in by_node(topo, group)]
         raise InputError("group", members, "the same number of members on every node (NCCL tree)")
     trees = [np.asarray(p, dtype=np.int64) for p in dtree_parents(grid.shape[0])]
-    return [(np.roll(grid, -c, axis=1), p) for c in range(grid.shape[1]) for p in trees]
+    heads = [0] * topo.fabric.ring_channels or range(grid.shape[1])
+    return [(np.roll(grid, -c, axis=1), p) for c in heads for p in trees]
 
 
 def trees_latency(topo: Topology, channels: list[tuple[IntArray, IntArray]]) -> float:
