@@ -50,11 +50,33 @@ def test_a_config_file_sets_margins_where_set_sm_margin_is_on():
     [
         ("tp_overlap_sms", {"attn_fprop": 16}),  # not a TE layer
         ("tp_overlap_sms.proj_fprop", {"proj_fprop": -1}),
+        ("tp_overlap_sms", "abc"),
+        ("tp_overlap_sms", [["proj_fprop"]]),
     ],
 )
 def test_bad_margins_name_the_field(field, value):
     with pytest.raises(InputError, match=field):
         replace(CFG, tp_overlap_sms=value)
+
+
+def test_the_last_of_repeated_pairs_wins():
+    assert replace(CFG, tp_overlap_sms=[("proj_fprop", 8), ("proj_fprop", 0)]).tp_overlap_sms == ()
+
+
+@pytest.mark.parametrize(
+    ("ub", "field"),
+    [
+        # zsim runs TE's default method of each layer: another one is refused, not ignored
+        ({"qkv_dgrad": {"method": "ring_exchange"}}, "qkv_dgrad.method"),
+        ({"proj_fprop": {"num_splits": 8}}, "proj_fprop.num_splits"),
+        ({"proj_fprop": {"set_sm_margin": "false"}}, "proj_fprop.set_sm_margin"),
+        ({"proj_fprop": {"num_sm": 2.5}}, "proj_fprop.num_sm"),
+        ({"proj_fprop": 0}, "proj_fprop"),
+    ],
+)
+def test_a_config_file_te_would_run_otherwise_is_refused(ub, field):
+    with pytest.raises(InputError, match=f"tp_comm_overlap_cfg.{field}"):
+        from_ub_cfgs(ub)
 
 
 def _free(comm: object) -> float:
@@ -84,6 +106,14 @@ def test_the_overlapped_gemms_run_on_the_sms_te_leaves_them():
     assert end == pytest.approx(sum(t.values()), rel=1e-9)
     end, t = _backward(replace(CFG, without={"te-sm-margins"}))
     assert end == pytest.approx(sum(t.values()), rel=1e-9)
+
+
+def test_a_ring_exchanged_gemm_with_its_margin_on():
+    # a ring_exchange layer with set_sm_margin on and num_sm 1 (the settings of the rs_cfg in
+    # TE's userbuffers examples): its GEMM on 131 of the 132 SMs
+    cfg = replace(CFG, tp_overlap_sms={"fc2_dgrad": 1})
+    end, t = _backward(cfg)
+    assert end == pytest.approx(sum(t.values()) + (132 / 131 - 1) * t["fc2_dgrad"], rel=1e-9)
 
 
 def test_a_margin_of_every_sm_is_refused():

@@ -18,7 +18,7 @@ from zsim.inputs import presets
 from zsim.inputs.scenario import build_model, build_parallel, check_layout, parse_int
 from zsim.memory import peak_ledger
 from zsim.outputs import render
-from zsim.simulation import simulate
+from zsim.simulation import Report, simulate
 from zsim.step.trace import chrome_trace
 from zsim.workload.mechanisms import MECHANISMS, parse_mechanisms
 from zsim.workload.model import ModelKind, ModelSpec
@@ -154,6 +154,20 @@ def _default_shard_size(args: argparse.Namespace, per_node: int, tp: int, dp: st
     return f"--shard-size {args.fsdp_shard_size}: a node's data-parallel ranks"
 
 
+def _write_views(args: argparse.Namespace, name: str, cfg: ParallelConfig, report: Report) -> None:
+    """The step's Chrome trace (--trace) and timeline plot (--plot), where asked for."""
+    if args.trace:
+        write_output(
+            args.trace, json.dumps(chrome_trace(report.engine.spans, report.engine.passes))
+        )
+    if args.plot:
+        from zsim.outputs.timeline import timeline
+
+        title = f"{name}: ZeRO-{int(cfg.zero_stage)}, dp={cfg.dp} tp={cfg.tp} pp={cfg.pp}"
+        fig = timeline(report.engine.spans, title, passes=report.engine.passes)
+        write_output(args.plot, fig)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     require(
         args.params is None,
@@ -187,24 +201,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"the {world} GPUs of {topology.name} (dp={cfg.dp}, tp={cfg.tp}, pp={cfg.pp})",
         )
     device = _device(args, topology)
+    if cfg.tp_comm_overlap and cfg.tp > 1 and cfg.tp_overlap_sms and not device.sm_count:
+        notes.append(f"{device.name} has no SM count: TransformerEngine's SM margins not applied")
     slow = parse_stragglers(args.straggler or [])
     fold = not (args.trace or args.plot)  # they show every task: no steady state repeated
     report = simulate(model, cfg, topology, device, full=args.full, stragglers=slow, fold=fold)
     summary = render.run_report(model, cfg, topology.name, device, report)
     notes += render.fold_note(report.engine.fold, cfg.grad_accum)
-    if args.trace:
-        write_output(
-            args.trace, json.dumps(chrome_trace(report.engine.spans, report.engine.passes))
-        )
-    if args.plot:
-        from zsim.outputs.timeline import timeline
-
-        title = (
-            f"{model.name} on {topology.name}: ZeRO-{int(cfg.zero_stage)}, "
-            f"dp={cfg.dp} tp={cfg.tp} pp={cfg.pp}"
-        )
-        fig = timeline(report.engine.spans, title, passes=report.engine.passes)
-        write_output(args.plot, fig)
+    _write_views(args, f"{model.name} on {topology.name}", cfg, report)
     if args.json:
         print(json.dumps(summary | {"notes": notes}, indent=2))
     else:

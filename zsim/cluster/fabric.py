@@ -351,7 +351,8 @@ def _backend(data: Mapping[str, Any], source: str) -> tuple[Backend, float, str,
     backend = _choice(section, "name", Backend, source, "backend.")
     channels = section.get("ring_channels", 0)
     ok = isinstance(channels, int) and not isinstance(channels, bool) and channels >= 0
-    require(ok, f"{source}:backend.ring_channels", channels, "a whole number >= 0")
+    ok = ok and (channels == 0 or backend is Backend.NCCL)
+    require(ok, f"{source}:backend.ring_channels", channels, "a whole number >= 0 (NCCL only)")
     return backend, call_latency_s, str(cpu), str(protocol), channels
 
 

@@ -149,9 +149,9 @@ def build_parallel(
         if not isinstance(v, bool):
             knob_flags[k] = parse_count(k, v)
     other = {k: v for k, v in flags.items() if v is not None}
-    if "tp_comm_overlap_cfg" in other:  # Megatron's flag: TransformerEngine's ub_cfgs YAML
-        ub_cfgs = load_mapping(Path(other.pop("tp_comm_overlap_cfg")), "tp_comm_overlap_cfg")
-        other["tp_overlap_sms"] = from_ub_cfgs(ub_cfgs)
+    ub_file = other.pop("tp_comm_overlap_cfg", None)  # Megatron's flag: TE's ub_cfgs YAML
+    if ub_file is not None:
+        other["tp_overlap_sms"] = from_ub_cfgs(load_mapping(Path(ub_file), "tp_comm_overlap_cfg"))
     for name in ("virtual_stages", "fsdp_shard_size"):
         if name in other:
             other[name] = parse_int(name, other[name])
@@ -172,7 +172,10 @@ def build_parallel(
         updates["zero_stage"] = stage
     if knob_flags:
         updates["knobs"] = replace(cfg.knobs, **knob_flags)
-    return replace(cfg, **updates), notes
+    cfg = replace(cfg, **updates)
+    if ub_file is not None and not cfg.tp_comm_overlap:
+        notes.append("--tp-comm-overlap-cfg has no effect without --tp-comm-overlap")
+    return cfg, notes
 
 
 def _from_file(

@@ -143,7 +143,8 @@ def nccl_rings(topo: Topology, group: Sequence[int]) -> IntArray:
     """One ring per channel (a row). On one node, one ring in local order. Across nodes, one
     channel per member slot of the smallest node: channel c enters the first node at member c
     and leaves at c-1, walks the next node backwards from c-1 to c, and so on, so every
-    inter-node hop joins two GPUs of the same rail."""
+    inter-node hop joins two GPUs of the same rail; with `backend.ring_channels` N, N
+    channels on one path, every node walked from its first member to its last."""
     if len(group) < 64:
         return _rings(topo, group)
     return topo.memoized(("nccl_rings", tuple(group)), lambda: _rings(topo, group))
@@ -280,7 +281,8 @@ def tree_channels(topo: Topology, group: Sequence[int]) -> list[tuple[IntArray, 
         members = [len(node) for node in by_node(topo, group)]
         raise InputError("group", members, "the same number of members on every node (NCCL tree)")
     trees = [np.asarray(p, dtype=np.int64) for p in dtree_parents(grid.shape[0])]
-    heads = [0] * topo.fabric.ring_channels or range(grid.shape[1])
+    one_path = topo.fabric.ring_channels if len(grid) > 1 else 0  # as `_rings`
+    heads = [0] * one_path or range(grid.shape[1])
     return [(np.roll(grid, -c, axis=1), p) for c in heads for p in trees]
 
 

@@ -39,40 +39,52 @@ TE_LAYER_OPS: dict[str, str] = {layer: layer.removesuffix("_fprop") for layer in
 SmMargins = tuple[tuple[str, int], ...]
 
 
-def parse_sms(value: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> SmMargins:
+def parse_sms(value: Any) -> SmMargins:
     """(TE layer, SMs) pairs, sorted, from a mapping or pairs; zero margins dropped."""
     pairs = value.items() if isinstance(value, Mapping) else value
+    ok = isinstance(pairs, Iterable) and not isinstance(pairs, str)
+    pairs = list(pairs) if ok else []
+    ok = ok and all(isinstance(p, tuple | list) and len(p) == 2 for p in pairs)
+    require(ok, "tp_overlap_sms", value, "a mapping of TE layer names to SMs")
     out = {}
     for layer, sms in pairs:
         require(layer in TE_METHODS, "tp_overlap_sms", layer, f"one of {', '.join(TE_METHODS)}")
-        require(
-            isinstance(sms, int) and not isinstance(sms, bool) and sms >= 0,
-            f"tp_overlap_sms.{layer}",
-            sms,
-            "a non-negative whole number of SMs",
-        )
-        if sms:
-            out[layer] = sms
-    return tuple(sorted(out.items()))
+        require(_whole(sms), f"tp_overlap_sms.{layer}", sms, "a non-negative whole number of SMs")
+        out[layer] = sms
+    return tuple(sorted((layer, sms) for layer, sms in out.items() if sms))
 
 
-def from_ub_cfgs(ub_cfgs: Mapping[str, Any]) -> SmMargins:
+def from_ub_cfgs(ub_cfgs: Mapping[str, Any] | None) -> SmMargins:
     """The margins a TE `ub_cfgs` mapping (Megatron's --tp-comm-overlap-cfg) gives: each
     layer's config is TE's default updated with the mapping's keys (as `initialize_ub` does),
-    its margin `num_sm` where `set_sm_margin` is on."""
-    require(isinstance(ub_cfgs, Mapping), "tp_comm_overlap_cfg", ub_cfgs, "a mapping by layer")
+    its margin `num_sm` where `set_sm_margin` is on. zsim models TE's default method of each
+    layer (and the pipeline's 4 splits): a config that changes them is refused."""
+    ub_cfgs = {} if ub_cfgs is None else ub_cfgs
+    field = "tp_comm_overlap_cfg"
+    require(isinstance(ub_cfgs, Mapping), field, ub_cfgs, "a mapping by layer")
+    for layer, given in ub_cfgs.items():
+        require(layer in TE_METHODS, field, layer, f"one of {', '.join(TE_METHODS)}")
+        require(given is None or isinstance(given, Mapping), f"{field}.{layer}", given, "a mapping")
     margins = {}
-    for layer in ub_cfgs:
-        require(
-            layer in TE_METHODS, "tp_comm_overlap_cfg", layer, f"one of {', '.join(TE_METHODS)}"
-        )
     for layer, method in TE_METHODS.items():
+        given = dict(ub_cfgs.get(layer) or {})
+        where = f"{field}.{layer}"
+        chosen = given.get("method", method)
+        require(chosen == method, f"{where}.method", chosen, f"{method} (TE's default, modelled)")
+        if method == "pipeline":
+            splits = given.get("num_splits", 4)
+            require(splits == 4, f"{where}.num_splits", splits, "4 (TE's default, modelled)")
         ring = method == "ring_exchange"
-        given = ub_cfgs.get(layer) or {}
-        require(isinstance(given, Mapping), f"tp_comm_overlap_cfg.{layer}", given, "a mapping")
-        cfg = {"num_sm": 1 if ring else 16, "set_sm_margin": not ring} | dict(given)
-        margins[layer] = cfg["num_sm"] if cfg["set_sm_margin"] else 0
+        cfg = {"num_sm": 1 if ring else 16, "set_sm_margin": not ring} | given
+        on, sms = cfg["set_sm_margin"], cfg["num_sm"]
+        require(on in (True, False, 0, 1), f"{where}.set_sm_margin", on, "true or false (1 or 0)")
+        require(_whole(sms), f"{where}.num_sm", sms, "a non-negative whole number of SMs")
+        margins[layer] = sms if on else 0
     return parse_sms(margins)
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 TE_DEFAULT_SMS = from_ub_cfgs({})
