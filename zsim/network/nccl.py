@@ -151,12 +151,13 @@ def nccl_rings(topo: Topology, group: Sequence[int]) -> IntArray:
 
 
 def _rings(topo: Topology, group: Sequence[int]) -> IntArray:
+    if topo.fabric.ring_channels:  # channels on one path across nodes (the module's doc)
+        nodes = by_node(topo, group)
+        if len(nodes) > 1:
+            return np.tile(np.concatenate(nodes), (topo.fabric.ring_channels, 1))
     grid = regular_nodes(topo, group)  # nodes x members
     if grid is not None and len(grid) == 1:
         return grid
-    nodes = by_node(topo, group)
-    if topo.fabric.ring_channels and len(nodes) > 1:  # channels on one path (the module's doc)
-        return np.tile(np.concatenate(nodes), (topo.fabric.ring_channels, 1))
     if grid is not None:
         channels = g = grid.shape[1]
         c = np.arange(channels)[:, None]
@@ -166,7 +167,7 @@ def _rings(topo: Topology, group: Sequence[int]) -> IntArray:
         index = (first[:, :, None] + step[None, :, None] * np.arange(g)) % g
         rings: IntArray = grid[position[None, :, None], index].reshape(channels, -1)
         return rings
-    members = nodes
+    members = by_node(topo, group)
     irregular = []
     for channel in range(min(len(node) for node in members)):
         ring: list[int] = []
