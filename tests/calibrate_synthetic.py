@@ -126,6 +126,7 @@ def one_gpu_rows():
         "reserved_bytes": 0.5e9,
         "backend": "nccl",
         "cache_bytes": 60e6,
+        "sm_count": 132,  # the worker's torch.cuda.get_device_properties().multi_processor_count
         "topology": "1x1-nvlink",
     }
     truth = {"gemm": (gemm_rate, gemm_overhead), "hbm": hbm_rate, "pcie": pcie_rate}

@@ -80,9 +80,11 @@ def test_a_one_gpu_calibration_fits_and_drives_the_simulator(tmp_path, capsys):
     assert prof.host_link_bytes_per_s == pytest.approx(truth["pcie"])
     assert prof.host_adam_params_per_s == pytest.approx(400e6)
     assert prof.backend == "nccl"
+    assert prof.sm_count == 132  # recorded by the worker, kept through the file below
     assert not prof.links  # one rank: no link measured
     cal = Calibration("h200-synthetic", prof, rows, fit.residuals, provenance=info)
     save_profile(cal, tmp_path / "h200.json")
+    assert load_profile(tmp_path / "h200.json").sm_count == 132
     argv = ["run", "--profile", str(tmp_path / "h200.json"), "--model", "gpt-1.3b"]
     argv += ["--topology", "1x8-nvlink", "--stage", "3", "--precision", "bf16"]
     assert main([*argv, "--flash-attention", "--json"]) == 0
