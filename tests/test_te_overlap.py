@@ -3,10 +3,12 @@ defaults (transformer_engine/pytorch/module/base.py, TE >= 2.0: "num_sm" 1 for r
 layers and 16 otherwise, "set_sm_margin" on except for ring_exchange) and the GEMM launched on
 `sm_count - num_sm` SMs where the margin is on (comm_gemm_overlap.cpp `_math_sms`)."""
 
+import json
 from dataclasses import replace
 
 import pytest
 
+from zsim.cli import main
 from zsim.errors import InputError
 from zsim.inputs import presets
 from zsim.step.job import StageJob
@@ -120,3 +122,19 @@ def test_a_margin_of_every_sm_is_refused():
     cfg = replace(CFG, tp_overlap_sms={"proj_fprop": 132})
     with pytest.raises(InputError, match="fewer than the GPU's 132 SMs"):
         LayerKernels(StageJob.of(MODEL, cfg, H100, 0, False), _free).pass_template(BLOCK, True)
+
+
+def test_a_run_says_when_the_margins_cannot_apply(tmp_path, capsys):
+    ub = tmp_path / "ub.yaml"
+    ub.write_text("proj_fprop: {num_sm: 24, set_sm_margin: 1}\n")
+    argv = ["run", "--model", "gpt-125m", "--tp", "2", "--sequence-parallel", "--json"]
+    # the flag's file without the flag itself
+    assert main([*argv, "--topology", "1x8-dgx-h100", "--tp-comm-overlap-cfg", str(ub)]) == 0
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    assert "--tp-comm-overlap-cfg has no effect without --tp-comm-overlap" in notes
+    # a device without an SM count (CPU ranks' profile)
+    cpu = ["--profile", "calibration/cpu-2rank.json", "--precision", "fp32"]
+    argv[2] = "gpt-125m:seq-len=256"  # to fit a CPU rank's memory
+    assert main([*argv, "--topology", "1x2-cpu", *cpu, "--tp-comm-overlap"]) == 0
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    assert any("no SM count" in n for n in notes)
