@@ -110,3 +110,13 @@ def test_tp_overlap_sms_are_the_runs_own():
     mcore = map_row(_megatron_row("training_megatron_3d_parallel-055"), FILES["megatron"])
     assert mcore.parallel.tp_comm_overlap
     assert mcore.parallel.tp_overlap_sms == ()
+
+
+def test_an_unstated_precision_is_what_the_source_says_of_its_tests_then():
+    # BigScience's chronicles: the tests before "Rebalancing layers" ran fp16 ("from now on
+    # the testing is happening with BF16 optimizer ... compared to fp16")
+    row = _row("training_bloom_3d_zero1-032")
+    assert row["precision"].startswith("not stated")
+    case = map_row(row, BLOOM)
+    assert str(case.parallel.precision) == "fp16"
+    assert any(a.startswith("fp16") for a in case.assumed)
