@@ -19,6 +19,7 @@ from reference_engines import (
 from reference_measured import Skip, integer, measured, text
 
 from zsim.errors import InputError
+from zsim.workload.layout import check_split, stage_blocks
 from zsim.workload.model import ModelSpec
 from zsim.workload.model_presets import preset, with_overrides
 from zsim.workload.parallel import (
@@ -199,6 +200,26 @@ def precision(row: dict[str, str], assumed: list[str]) -> Precision:
     return Precision.BF16 if "bf16" in p else Precision.FP16
 
 
+# How BigScience's Megatron-DeepSpeed split BLOOM's layers (train/tr11-176B-ml): GPTModelPipe
+# hard-coded "type:transformer" until --pp-partition-method (00f5f889, 2022-02-28); the
+# chronicles' "Re-do" table of NLAYERS=106 ran "regex partition_method='type:transformer|embed'",
+# "Rebalancing layers" on and the README's run "type:transformer|embedding". DeepSpeed was then
+# before 0.12.5, so its partition_balanced bisected (zsim.workload.pipe_partition).
+EMBEDDING_SLOTS = ("§ Rebalancing layers", "README.md")
+RE_DO_EMBEDDING_LAYERS = 106
+
+
+def pipe_split(row: dict[str, str], fw: str, layers: int) -> dict[str, str]:
+    """The partition fields of a BLOOM row (other sources: Megatron's uniform split)."""
+    if fw != "bloom":
+        return {}
+    where = row["table_figure"]
+    slots = any(s in where for s in EMBEDDING_SLOTS)
+    slots |= "§ Re-do" in where and layers == RE_DO_EMBEDDING_LAYERS
+    method = "type:transformer|embedding" if slots else "type:transformer"
+    return {"pp_partition": method, "pp_balancer": "bisect"}
+
+
 def layout(row: dict[str, str], fw: str, assumed: list[str]) -> tuple[int, int, int, int, int, int]:
     """(tp, pp, dp, virtual stages, micro-batch, grad accumulation)."""
     if (integer(row, "cp") or 1) > 1:
@@ -293,10 +314,8 @@ def map_row(row: dict[str, str], file: str) -> Case:
         raise Skip("CPU offload: the run's host Adam rate is not known (presets: an upper bound)")
     model = model_of(row, fw, assumed, notes)
     tp, pp, dp, vpp, micro, accum = layout(row, fw, assumed)
-    if model.layers % (pp * vpp):  # zsim splits them as DeepSpeed's partition_uniform
-        notes.append(f"{model.layers} layers over pp*v={pp * vpp}: the first stages one more")
     stage = zero_stage(row, fw, assumed)
-    engines = engine_fields(fw, stage, model, tp, assumed)
+    engines = engine_fields(fw, stage, model, tp, assumed) | pipe_split(row, fw, model.layers)
     named = text(row, "system_framework") + " " + text(row, "zero_stage_or_sharding")
     engines["knobs"] = replace(engines["knobs"], **zero_plus_plus(named))
     seq_par = text(row, "sequence_parallel") in ("yes", "true", "1")
@@ -322,9 +341,13 @@ def map_row(row: dict[str, str], file: str) -> Case:
             flash_attention=flash(fw),
             **engines,
         )
+        check_split(model, parallel)
     except InputError as exc:
         raise Skip(f"zsim refuses the layout: {exc}") from None
     fabric, per_node, gpu = cluster(row, notes, assumed)
+    if pp > 1 and (model.layers % (pp * vpp) or parallel.pp_partition != "uniform"):
+        held = stage_blocks(model, parallel)
+        notes.append(f"{parallel.pp_partition}: stages of {', '.join(map(str, held))} blocks")
     if fw == "mpt":
         notes.append(TRITON_FLASH)
     step, source = measured(row, model)

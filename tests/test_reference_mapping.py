@@ -120,3 +120,21 @@ def test_an_unstated_precision_is_what_the_source_says_of_its_tests_then():
     case = map_row(row, BLOOM)
     assert str(case.parallel.precision) == "fp16"
     assert any(a.startswith("fp16") for a in case.assumed)
+
+
+@pytest.mark.parametrize(
+    ("row_id", "method"),
+    [
+        ("training_bloom_3d_zero1-094", "type:transformer"),  # "Another round of NHEADS", 78 l
+        ("training_bloom_3d_zero1-117", "type:transformer"),  # "Re-do", 78 layers
+        ("training_bloom_3d_zero1-119", "type:transformer|embedding"),  # "Re-do", NLAYERS=106
+        ("training_bloom_3d_zero1-134", "type:transformer|embedding"),  # "Rebalancing layers"
+        ("training_bloom_3d_zero1-140", "type:transformer|embedding"),  # the README's run
+    ],
+)
+def test_bloom_stages_split_as_bigscience_said_on_the_deepspeed_of_then(row_id, method):
+    # chronicles: the Re-do's 106-layer table ran "regex partition_method='type:transformer|
+    # embed'", "Rebalancing layers" enabled --pp-partition-method 'type:transformer|embedding'
+    case = map_row(_row(row_id), BLOOM)
+    assert str(case.parallel.pp_partition) == method
+    assert str(case.parallel.pp_balancer) == "bisect"  # DeepSpeed < 0.12.5

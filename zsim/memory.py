@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields, replace
 
 from zsim.cluster.device import DeviceProfile
 from zsim.step import fsdp, megatron_dp, zero3
-from zsim.workload.layout import rank_layers, stage_layers
+from zsim.workload.layout import DEFAULT_SPLIT, StageSplit, rank_layers, stage_layers
 from zsim.workload.model import Layer, LayerKind, ModelKind, ModelSpec
 from zsim.workload.parallel import (
     STAGE0_ALLREDUCE_BUCKET_NUMEL,
@@ -160,7 +160,7 @@ def activation_bytes(model: ModelSpec, cfg: ParallelConfig, pipeline_stage: int 
     """Activations of one pipeline stage at its peak (see `in_flight_micro_batches`)."""
     shard = Shard.of(cfg)
     selective = cfg.recompute is Recompute.SELECTIVE
-    split = (cfg.pp, cfg.virtual_stages, pipeline_stage)
+    split = (cfg.pp, cfg.virtual_stages, pipeline_stage, StageSplit.of(cfg))
     per_layer = list(_stage_saved(model, split, shard, selective))
     if pipeline_stage == cfg.pp - 1:
         loss = loss_saved_bytes(model, cfg.micro_batch, cfg.precision.bytes)
@@ -179,14 +179,14 @@ def activation_bytes(model: ModelSpec, cfg: ParallelConfig, pipeline_stage: int 
 
 @functools.lru_cache(maxsize=8192)  # a planner's layouts share few (split, shard) pairs
 def _stage_saved(
-    model: ModelSpec, split: tuple[int, int, int], shard: Shard, selective: bool
+    model: ModelSpec, split: tuple[int, int, int, StageSplit], shard: Shard, selective: bool
 ) -> tuple[tuple[LayerKind, float], ...]:
-    """What each layer of a (pp, virtual stages, stage) rank saves for its backward
+    """What each layer of a (pp, virtual stages, stage, split) rank saves for its backward
     (selective recompute drops attention's core)."""
-    pp, virtual, stage = split
+    pp, virtual, stage, how = split
     out = []
     for layer in (
-        x for c in range(virtual) for x in stage_layers(model, pp * virtual, c * pp + stage)
+        x for c in range(virtual) for x in stage_layers(model, pp * virtual, c * pp + stage, how)
     ):
         saved = saved_tensors(model, layer, shard)
         if selective and layer.kind is LayerKind.BLOCK:
@@ -196,9 +196,11 @@ def _stage_saved(
 
 
 @functools.lru_cache(maxsize=4096)
-def stage_params(model: ModelSpec, pp: int, virtual: int, stage: int, tp: int) -> int:
+def stage_params(
+    model: ModelSpec, pp: int, virtual: int, stage: int, tp: int, split: StageSplit = DEFAULT_SPLIT
+) -> int:
     """Parameters one TP rank of a pipeline stage holds."""
-    chunks = (stage_layers(model, pp * virtual, c * pp + stage) for c in range(virtual))
+    chunks = (stage_layers(model, pp * virtual, c * pp + stage, split) for c in range(virtual))
     return sum(x.params(tp) for chunk in chunks for x in chunk)
 
 
@@ -285,7 +287,8 @@ def _persistent_sizes(layers: tuple[Layer, ...], tp: int, threshold: int) -> tup
 def ledger(model: ModelSpec, cfg: ParallelConfig, pipeline_stage: int = 0) -> MemoryLedger:
     """The ledger of one rank of `pipeline_stage`."""
     layers = rank_layers(model, cfg, pipeline_stage)
-    params = stage_params(model, cfg.pp, cfg.virtual_stages, pipeline_stage, cfg.tp)
+    split = StageSplit.of(cfg)
+    params = stage_params(model, cfg.pp, cfg.virtual_stages, pipeline_stage, cfg.tp, split)
     p, g, o, host = model_state_bytes(params, cfg)
     deepspeed3 = cfg.zero_stage is ZeroStage.PARAMETERS and cfg.dp_engine is not FSDP
     if deepspeed3 and model.kind is not ModelKind.PARAMS_ONLY:
@@ -302,21 +305,21 @@ def ledger(model: ModelSpec, cfg: ParallelConfig, pipeline_stage: int = 0) -> Me
 def peak_ledger(model: ModelSpec, cfg: ParallelConfig) -> tuple[int, MemoryLedger]:
     """The pipeline stage with the largest device total (the first of equals), and its
     ledger."""
-    candidates = _peak_candidates(model, cfg.pp, cfg.virtual_stages)
+    candidates = _peak_candidates(model, cfg.pp, cfg.virtual_stages, StageSplit.of(cfg))
     ledgers = {s: ledger(model, cfg, s) for s in candidates}
     worst = max(candidates, key=lambda s: ledgers[s].device_total)
     return worst, ledgers[worst]
 
 
 @functools.lru_cache(maxsize=1024)
-def _peak_candidates(model: ModelSpec, pp: int, virtual: int) -> tuple[int, ...]:
+def _peak_candidates(model: ModelSpec, pp: int, virtual: int, split: StageSplit) -> tuple[int, ...]:
     """The stages that can hold the most: stages holding alike layers (a model's middle
     blocks) differ only in the micro-batches in flight, which never grow with the stage's
     index (`in_flight_micro_batches`), so the first of each kind, and the last stage (it also
     keeps the loss's activations)."""
     first: dict[tuple[object, ...], int] = {}
     for stage in range(pp):
-        chunks = (stage_layers(model, pp * virtual, c * pp + stage) for c in range(virtual))
+        chunks = (stage_layers(model, pp * virtual, c * pp + stage, split) for c in range(virtual))
         alike = tuple((x.kind, x.tensors) for chunk in chunks for x in chunk)
         first.setdefault(alike, stage)
     return tuple(sorted({*first.values(), pp - 1}))

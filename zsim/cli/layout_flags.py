@@ -17,6 +17,24 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
         g.add_argument(f"--{flag}", metavar="N", help=f"override the preset's {flag}")
 
 
+def _add_pipeline_flags(g: Any) -> None:
+    g.add_argument("--pp-schedule", help="gpipe, 1f1b or interleaved")
+    g.add_argument("--pipeline-engine", help="deepspeed (PipelineEngine, default) or megatron")
+    g.add_argument("--virtual-stages", metavar="V", help="model chunks per rank (interleaved)")
+    g.add_argument(
+        "--pp-partition-method",
+        dest="pp_partition",
+        metavar="M",
+        help="how DeepSpeed's PipelineModule splits the layers: uniform (default), parameters, "
+        "type:transformer (Megatron-DeepSpeed's) or type:transformer|embedding",
+    )
+    g.add_argument(
+        "--pp-balancer",
+        metavar="B",
+        help="DeepSpeed's partition_balanced: dp (since 0.12.5, default) or bisect (before)",
+    )
+
+
 def add_parallel_flags(p: argparse.ArgumentParser, stage: bool = True) -> None:
     g = p.add_argument_group("layout and batch")
     g.add_argument("--ds-config", type=Path, help="a DeepSpeed ds_config.json to read")
@@ -36,9 +54,7 @@ def add_parallel_flags(p: argparse.ArgumentParser, stage: bool = True) -> None:
     g.add_argument("--offload", help="none, optimizer or optimizer+params")
     g.add_argument("--sequence-parallel", action="store_true", default=None)
     g.add_argument("--flash-attention", action="store_true", default=None)
-    g.add_argument("--pp-schedule", help="gpipe, 1f1b or interleaved")
-    g.add_argument("--pipeline-engine", help="deepspeed (PipelineEngine, default) or megatron")
-    g.add_argument("--virtual-stages", metavar="V", help="model chunks per rank (interleaved)")
+    _add_pipeline_flags(g)
     _add_megatron_flags(g)
     k = p.add_argument_group("DeepSpeed knobs (elements, as in ds_config)")
     for knob in (

@@ -20,6 +20,7 @@ from zsim.memory import peak_ledger
 from zsim.outputs import render
 from zsim.simulation import Report, simulate
 from zsim.step.trace import chrome_trace
+from zsim.workload.layout import stage_blocks
 from zsim.workload.mechanisms import MECHANISMS, parse_mechanisms
 from zsim.workload.model import ModelKind, ModelSpec
 from zsim.workload.model_presets import PRESETS
@@ -61,6 +62,8 @@ def _parallel_from(
             "flash_attention",
             "pp_schedule",
             "pipeline_engine",
+            "pp_partition",
+            "pp_balancer",
             "virtual_stages",
             "dp_engine",
             "fsdp_sharding",
@@ -203,6 +206,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     device = _device(args, topology)
     if cfg.tp_comm_overlap and cfg.tp > 1 and cfg.tp_overlap_sms and not device.sm_count:
         notes.append(f"{device.name} has no SM count: TransformerEngine's SM margins not applied")
+    if cfg.pp > 1 and model.kind is not ModelKind.PARAMS_ONLY:
+        held = ", ".join(map(str, stage_blocks(model, cfg)))
+        how = cfg.pp_partition + ("" if cfg.pp_partition == "uniform" else f", {cfg.pp_balancer}")
+        notes.append(f"pipeline stages hold {held} blocks ({how})")
     slow = parse_stragglers(args.straggler or [])
     fold = not (args.trace or args.plot)  # they show every task: no steady state repeated
     report = simulate(model, cfg, topology, device, full=args.full, stragglers=slow, fold=fold)

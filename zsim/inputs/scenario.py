@@ -18,9 +18,9 @@ from zsim.workload import model_presets as models
 from zsim.workload import parallel as par
 from zsim.workload.batch import resolve_batch
 from zsim.workload.ds_config import from_ds_config
+from zsim.workload.layout import check_split
 from zsim.workload.model import ModelKind, ModelSpec
 from zsim.workload.parallel import ParallelConfig
-from zsim.workload.sharding import FsdpSharding
 from zsim.workload.te_overlap import from_ub_cfgs
 
 
@@ -134,15 +134,7 @@ def build_parallel(
     if stage is not None:
         require(str(stage) in ("0", "1", "2", "3"), "stage", stage, "0, 1, 2 or 3")
         stage = par.ZeroStage(int(stage))
-    enums = {
-        "precision": par.Precision,
-        "recompute": par.Recompute,
-        "offload": par.Offload,
-        "pp_schedule": par.PipelineSchedule,
-        "pipeline_engine": par.PipelineEngine,
-        "dp_engine": par.DpEngine,
-        "fsdp_sharding": FsdpSharding,
-    }
+    enums = {k: e for k, e in par.ENUM_FIELDS.items() if k != "zero_stage"}  # stage: 0-3
     choices = {k: parse_choice(k, flags.pop(k, None), e) for k, e in enums.items()}
     knob_flags = {k: flags.pop(k) for k in list(flags) if k in _KNOBS and flags[k] is not None}
     for k, v in knob_flags.items():
@@ -242,3 +234,4 @@ def check_layout(model: ModelSpec, cfg: ParallelConfig) -> None:
             f"pp x virtual_stages dividing layers={model.layers} (interleaved schedule)",
         )
     require(model.layers >= cfg.pp, "pp", cfg.pp, f"at most layers={model.layers}")
+    check_split(model, cfg)

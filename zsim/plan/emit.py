@@ -4,7 +4,7 @@ fsdp.json when FSDP won) and the launcher lines.
 The ds_config holds DeepSpeed's keys (`workload.ds_config.to_ds_config`: the batch rule
 satisfied, the ZeRO stage, buckets, offload, precision); tensor and pipeline parallelism are
 the training script's: Megatron-DeepSpeed's flags when the Megatron engine won, DeepSpeed's
-PipelineModule (`num_stages`) otherwise.
+PipelineModule (`num_stages`, `partition_method`) otherwise.
 """
 
 from __future__ import annotations
@@ -71,7 +71,9 @@ def launch_lines(model: ModelSpec, cfg: Any, nodes: int, gpus_per_node: int) -> 
         return [*head, f"torchrun {rendezvous} train.py --fsdp-config fsdp.json"]
     if (cfg.pp > 1 and cfg.pipeline_engine is PipelineEngine.MEGATRON) or cfg.tp > 1:
         return [*head, f"torchrun {rendezvous} pretrain_gpt.py \\", *_megatron(model, cfg)]
-    stages = f" --num-stages {cfg.pp}" if cfg.pp > 1 else ""
+    # PipelineModule's own default is "parameters": say the split zsim simulated
+    split = f" --num-stages {cfg.pp} --partition-method '{cfg.pp_partition}'"
+    stages = split if cfg.pp > 1 else ""
     return [
         *head,
         f"torchrun {rendezvous} train.py --deepspeed --deepspeed_config ds_config.json{stages}",
@@ -96,6 +98,8 @@ def _megatron(model: ModelSpec, cfg: Any) -> list[str]:
     if cfg.pp_schedule is PipelineSchedule.INTERLEAVED:
         layers = model.layers // (cfg.pp * cfg.virtual_stages)
         flags.append(f"--num-layers-per-virtual-pipeline-stage {layers}")
+    if cfg.pp > 1 and cfg.pp_partition != "uniform":  # Megatron-DeepSpeed's flag
+        flags.append(f"--pp-partition-method '{cfg.pp_partition}'")
     if cfg.sequence_parallel:
         flags.append("--sequence-parallel")
     if cfg.flash_attention:

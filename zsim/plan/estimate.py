@@ -42,7 +42,7 @@ from zsim.step.optimizer import step_passes
 from zsim.step.pipeline import pipe_partitions
 from zsim.step.program import Comm
 from zsim.step.zero_reduce import one_rank_copies_s, reduction_copy_bytes
-from zsim.workload.layout import rank_chunks
+from zsim.workload.layout import StageSplit, rank_chunks
 from zsim.workload.model import Layer, ModelSpec
 from zsim.workload.parallel import (
     STAGE0_ALLREDUCE_BUCKET_NUMEL,
@@ -204,12 +204,13 @@ class Estimator:
     def _stage(self, cfg: ParallelConfig, stage: int) -> tuple[float, float, int]:
         """(forward, backward of one micro-batch, parameters held) of a pipeline stage's rank
         (`_pipeline` keeps them, by what decides them)."""
-        key = ("stage", cfg.pp, cfg.virtual_stages, stage, cfg.tp)
+        split = StageSplit.of(cfg)
+        key = ("stage", cfg.pp, cfg.virtual_stages, stage, cfg.tp, split)
         if key not in self._stages:  # its layers: one of each kind and shape, and how many
             chunks = rank_chunks(self.model, cfg, stage)
             alike = Counter((x.kind, len(x.tensors)) for chunk in chunks for x in chunk)
             first = {(x.kind, len(x.tensors)): x for chunk in chunks for x in chunk}
-            held = stage_params(self.model, cfg.pp, cfg.virtual_stages, stage, cfg.tp)
+            held = stage_params(self.model, cfg.pp, cfg.virtual_stages, stage, cfg.tp, split)
             self._stages[key] = ([(n, first[k]) for k, n in alike.items()], held)
         kinds, held = self._stages[key]
         times = [(n, self.layer_pass_s(cfg, stage, layer)) for n, layer in kinds]

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache, lru_cache
+from typing import NamedTuple
 
+from zsim.errors import InputError, require
 from zsim.workload.model import (
     WORD_EMBEDDING,
     ComputeOp,
@@ -18,6 +20,7 @@ from zsim.workload.model import (
     ModelSpec,
 )
 from zsim.workload.parallel import ParallelConfig, Recompute
+from zsim.workload.pipe_partition import Balancer, PartitionMethod, balanced_bounds
 from zsim.workload.shapes import Shard, backward_ops, forward_ops
 
 RECOMPUTED = (LayerKind.BLOCK, LayerKind.LINEAR)  # what full recompute checkpoints
@@ -25,17 +28,57 @@ RECOMPUTED = (LayerKind.BLOCK, LayerKind.LINEAR)  # what full recompute checkpoi
 SELECTIVE_OPS = ("attn_scores", "softmax_dropout", "attn_values")
 
 
-@lru_cache(maxsize=8192)  # a planner asks for the same splits of one model thousands of times
-def stage_layers(model: ModelSpec, stages: int, stage: int) -> tuple[Layer, ...]:
-    """The modules of one (virtual) pipeline stage: blocks split evenly, embedding first,
-    head last.
+class StageSplit(NamedTuple):
+    """How a pipeline's stages divide the model: DeepSpeed's partition method and balancer,
+    and the TP degree its "parameters" method weighs layers at (1 for the other methods, so
+    that layouts differing only in tp share their splits)."""
 
-    With tied embeddings the last stage holds a copy of the word embedding for the output
-    projection, as Megatron does (its gradient is all-reduced with the first stage's copy).
+    method: PartitionMethod = PartitionMethod.UNIFORM
+    balancer: Balancer = Balancer.DP
+    tp: int = 1
+
+    @classmethod
+    def of(cls, cfg: ParallelConfig) -> StageSplit:
+        weighed = cfg.pp_partition is PartitionMethod.PARAMETERS
+        return cls(cfg.pp_partition, cfg.pp_balancer, cfg.tp if weighed else 1)
+
+
+DEFAULT_SPLIT = StageSplit()
+
+
+@lru_cache(maxsize=8192)  # a planner asks for the same splits of one model thousands of times
+def stage_layers(
+    model: ModelSpec, stages: int, stage: int, split: StageSplit = DEFAULT_SPLIT
+) -> tuple[Layer, ...]:
+    """The modules of one (virtual) pipeline stage, in forward order: the embedding first, the
+    head last, the blocks between split by `split`'s method (zsim.workload.pipe_partition).
+
+    With tied embeddings the stage holding the head also holds a copy of the word embedding
+    for the output projection, as Megatron and DeepSpeed's TiedLayerSpec do (its gradient is
+    all-reduced with the first stage's copy).
     """
     layers = model.layer_list()
     if stages == 1:
         return layers
+    if split.method is PartitionMethod.UNIFORM:
+        chosen = _uniform_stage(layers, stages, stage)
+    else:
+        weights = _weights(model, layers, split)
+        bounds = balanced_bounds(weights, stages, split.balancer)
+        chosen = list(layers[bounds[stage] : bounds[stage + 1]])
+    kinds = {x.kind for x in chosen}
+    if LayerKind.HEAD in kinds and LayerKind.EMBEDDING not in kinds and _tied(model):
+        embedding = next(x for x in layers if x.kind is LayerKind.EMBEDDING)
+        word = tuple(t for t in embedding.tensors if t.name == WORD_EMBEDDING)
+        chosen.append(Layer("word_embedding_copy", LayerKind.TIED_COPY, word))
+    return tuple(chosen)
+
+
+def _tied(model: ModelSpec) -> bool:
+    return model.tied_embeddings and model.kind is ModelKind.TRANSFORMER
+
+
+def _uniform_stage(layers: tuple[Layer, ...], stages: int, stage: int) -> list[Layer]:
     blocks = [x for x in layers if x.kind in (LayerKind.BLOCK, LayerKind.LINEAR)]
     first, last = uniform_bounds(len(blocks), stages, stage)
     chosen = list(blocks[first:last])
@@ -43,11 +86,21 @@ def stage_layers(model: ModelSpec, stages: int, stage: int) -> tuple[Layer, ...]
         chosen = [x for x in layers if x.kind is LayerKind.EMBEDDING] + chosen
     if stage == stages - 1:
         chosen += [x for x in layers if x.kind is LayerKind.HEAD]
-        if model.tied_embeddings and model.kind is ModelKind.TRANSFORMER:
-            embedding = next(x for x in layers if x.kind is LayerKind.EMBEDDING)
-            word = tuple(t for t in embedding.tensors if t.name == WORD_EMBEDDING)
-            chosen.append(Layer("word_embedding_copy", LayerKind.TIED_COPY, word))
-    return tuple(chosen)
+    return chosen
+
+
+def _weights(model: ModelSpec, layers: tuple[Layer, ...], split: StageSplit) -> list[int]:
+    """Each module's weight in DeepSpeed's balance. GPTModelPipe's output layer is the tied
+    embedding again (its final norm, weighing 0, is folded into zsim's head here)."""
+    if split.method is PartitionMethod.PARAMETERS:  # what one TP rank builds of each layer
+        embedding = next((x for x in layers if x.kind is LayerKind.EMBEDDING), None)
+        tied_head = embedding.params(split.tp) if embedding and _tied(model) else 0
+        head = {LayerKind.HEAD: tied_head}
+        return [x.params(split.tp) + head.get(x.kind, 0) for x in layers]
+    units = {LayerKind.BLOCK, LayerKind.LINEAR}
+    if split.method is PartitionMethod.TRANSFORMER_EMBEDDING:
+        units |= {LayerKind.EMBEDDING, LayerKind.HEAD}
+    return [int(x.kind in units) for x in layers]
 
 
 def uniform_bounds(items: int, parts: int, part: int) -> tuple[int, int]:
@@ -61,7 +114,8 @@ def uniform_bounds(items: int, parts: int, part: int) -> tuple[int, int]:
 def rank_chunks(model: ModelSpec, cfg: ParallelConfig, stage: int) -> list[tuple[Layer, ...]]:
     """The model chunks of pipeline rank `stage`: virtual stages c * pp + stage."""
     v = cfg.virtual_stages
-    return [stage_layers(model, cfg.pp * v, c * cfg.pp + stage) for c in range(v)]
+    split = StageSplit.of(cfg)
+    return [stage_layers(model, cfg.pp * v, c * cfg.pp + stage, split) for c in range(v)]
 
 
 def rank_layers(model: ModelSpec, cfg: ParallelConfig, stage: int) -> tuple[Layer, ...]:
@@ -86,3 +140,32 @@ def layer_passes(model: ModelSpec, cfg: ParallelConfig, layer: Layer) -> Passes:
     elif cfg.recompute is Recompute.SELECTIVE and layer.kind is LayerKind.BLOCK:
         replay = tuple(op for op in fwd if op.name in SELECTIVE_OPS)
     return Passes(fwd, replay, backward_ops(tuple(reversed(fwd))))
+
+
+def check_split(model: ModelSpec, cfg: ParallelConfig) -> None:
+    """Refuse splits DeepSpeed cannot run: a "type:" method finds no transformer layer in a
+    model without blocks, and Megatron-DeepSpeed's pipeline "fails unless each stage has at
+    least one transformer layer" (its GPTModelPipe's comment)."""
+    split = StageSplit.of(cfg)
+    if cfg.pp == 1 or split.method is PartitionMethod.UNIFORM:
+        return
+    typed = split.method is not PartitionMethod.PARAMETERS
+    allowed = "uniform or parameters for a model without transformer blocks"
+    require(
+        not typed or model.kind is ModelKind.TRANSFORMER, "pp_partition", str(split.method), allowed
+    )
+    for stage in range(cfg.pp):
+        held = stage_layers(model, cfg.pp, stage, split)
+        if not any(x.kind in RECOMPUTED for x in held):
+            raise InputError(
+                "pp_partition",
+                f"{split.method} ({split.balancer})",
+                f"a split that leaves each stage a block (stage {stage} holds none)",
+            )
+
+
+def stage_blocks(model: ModelSpec, cfg: ParallelConfig) -> tuple[int, ...]:
+    """The blocks each pipeline rank holds (DeepSpeed prints the same at start-up)."""
+    return tuple(
+        sum(x.kind in RECOMPUTED for x in rank_layers(model, cfg, stage)) for stage in range(cfg.pp)
+    )

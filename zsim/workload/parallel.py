@@ -13,6 +13,7 @@ from typing import Any
 from zsim.errors import InputError, positive_int, require
 from zsim.workload import zero_plus_plus as zpp
 from zsim.workload.mechanisms import Mechanism, parse_mechanisms
+from zsim.workload.pipe_partition import Balancer, PartitionMethod
 from zsim.workload.sharding import FsdpSharding, check_fsdp, shard_ranks
 from zsim.workload.te_overlap import TE_DEFAULT_SMS, SmMargins, parse_sms
 
@@ -143,6 +144,9 @@ class ParallelConfig:
     pp_schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B
     pipeline_engine: PipelineEngine = PipelineEngine.DEEPSPEED
     virtual_stages: int = 1  # model chunks per pipeline rank (interleaved 1F1B)
+    # how DeepSpeed's PipelineModule splits the layers (zsim.workload.pipe_partition)
+    pp_partition: PartitionMethod = PartitionMethod.UNIFORM
+    pp_balancer: Balancer = Balancer.DP
     flash_attention: bool = False
     knobs: ZeroKnobs = field(default_factory=ZeroKnobs)
     # DeepSpeed was given a model-parallel unit (Megatron-DeepSpeed always passes one; a plain
@@ -186,7 +190,7 @@ class ParallelConfig:
         return self.models(Mechanism.ONE_PROCESS_GROUP) and self.has_mpu
 
     def __post_init__(self) -> None:
-        for name, kind in _ENUM_FIELDS.items():  # accept "full", 3, ... from Python callers
+        for name, kind in ENUM_FIELDS.items():  # accept "full", 3, ... from Python callers
             object.__setattr__(self, name, _as_enum(name, getattr(self, name), kind))
         object.__setattr__(self, "without", parse_mechanisms(self.without))
         object.__setattr__(self, "tp_overlap_sms", parse_sms(self.tp_overlap_sms))
@@ -210,6 +214,20 @@ class ParallelConfig:
             True,
             "sequence parallelism needs tp > 1",
         )
+        self._check_pipeline()
+        zpp.check(self)
+        self._check_megatron()
+        check_fsdp(self)
+        require(  # Megatron: "number of microbatches is not divisible by pipeline-parallel size"
+            self.pp_schedule is not PipelineSchedule.INTERLEAVED or self.grad_accum % self.pp == 0,
+            "grad_accum",
+            self.grad_accum,
+            f"a multiple of pp={self.pp} (Megatron's interleaved schedule runs micro-batches "
+            "in groups of pp)",
+        )
+
+    def _check_pipeline(self) -> None:
+        """DeepSpeed's and Megatron's pipeline rules."""
         require(
             self.pp == 1 or self.zero_stage < ZeroStage.GRADIENTS,
             "zero_stage",
@@ -227,20 +245,17 @@ class ParallelConfig:
             "need --pipeline-engine megatron",
         )
         require(
+            self.pipeline_engine is PipelineEngine.DEEPSPEED
+            or self.pp_partition is PartitionMethod.UNIFORM,
+            "pp_partition",
+            str(self.pp_partition),
+            "uniform with Megatron's schedules (the others are DeepSpeed PipelineModule's)",
+        )
+        require(
             self.virtual_stages == 1 or self.pp_schedule is PipelineSchedule.INTERLEAVED,
             "virtual_stages",
             self.virtual_stages,
             "1 unless --pp-schedule interleaved",
-        )
-        zpp.check(self)
-        self._check_megatron()
-        check_fsdp(self)
-        require(  # Megatron: "number of microbatches is not divisible by pipeline-parallel size"
-            self.pp_schedule is not PipelineSchedule.INTERLEAVED or self.grad_accum % self.pp == 0,
-            "grad_accum",
-            self.grad_accum,
-            f"a multiple of pp={self.pp} (Megatron's interleaved schedule runs micro-batches "
-            "in groups of pp)",
         )
 
     def _check_megatron(self) -> None:
@@ -328,13 +343,15 @@ class ParallelConfig:
         return self.knobs.overlap_comm
 
 
-_ENUM_FIELDS: dict[str, type[Any]] = {
+ENUM_FIELDS: dict[str, type[Any]] = {  # the fields given by name (a flag, a YAML key)
     "zero_stage": ZeroStage,
     "precision": Precision,
     "recompute": Recompute,
     "offload": Offload,
     "pp_schedule": PipelineSchedule,
     "pipeline_engine": PipelineEngine,
+    "pp_partition": PartitionMethod,
+    "pp_balancer": Balancer,
     "dp_engine": DpEngine,
     "fsdp_sharding": FsdpSharding,
 }
