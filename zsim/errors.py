@@ -26,12 +26,17 @@ def require(condition: bool, field: str, value: Any, allowed: str) -> None:
         raise InputError(field, value, allowed)
 
 
+def is_whole(value: Any, least: int = 0) -> bool:
+    """An int (not a bool) of at least `least`: the strict check for values a program or a
+    file gives as integers (a float, even 3.0, is refused; `count` accepts JSON's 1e9)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
 def positive_int(field: str, value: Any) -> int:
     """Validate a strictly positive integer (bools and non-integral floats are refused)."""
-    ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
     if isinstance(value, float) and value.is_integer() and value > 0:
         return int(value)
-    require(ok, field, value, "a positive integer")
+    require(is_whole(value, 1), field, value, "a positive integer")
     return int(value)
 
 
@@ -40,8 +45,7 @@ def count(field: str, value: Any) -> int:
     such as JSON's 1e9 are accepted."""
     if isinstance(value, float) and value.is_integer() and value >= 0:
         return int(value)
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
-    require(ok, field, value, "a non-negative integer")
+    require(is_whole(value), field, value, "a non-negative integer")
     return int(value)
 
 

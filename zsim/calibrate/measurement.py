@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from zsim.errors import InputError, require
+from zsim.errors import InputError, is_whole, require
 
 FIT_TOLERANCE = 0.10  # the 10% a fit is held to; a row's launches agree if one time is this close
 
@@ -207,9 +207,7 @@ class Measurement:
             values["shape"] = tuple(int(x) for x in row["shape"])
         if "launch_samples" in row:
             counts = row["launch_samples"]
-            ok = isinstance(counts, list) and all(
-                isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in counts
-            )
+            ok = isinstance(counts, list) and all(is_whole(c, 1) for c in counts)
             require(ok, "measurement.launch_samples", counts, "positive sample counts")
             values["launch_samples"] = tuple(counts)
         return Measurement(**values)

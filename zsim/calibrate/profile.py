@@ -31,7 +31,7 @@ from zsim.calibrate.engine_fit import ENGINE_CALLS
 from zsim.calibrate.fit import Residual, fit_profile
 from zsim.calibrate.measurement import Kind, Measurement, algbw, busbw
 from zsim.cluster.device import ComputeRates, DeviceProfile, LayerTime, LinkFit
-from zsim.errors import InputError, require
+from zsim.errors import InputError, is_whole, require
 from zsim.inputs.files import load_json
 from zsim.network.collective import CollectiveOp
 
@@ -148,8 +148,7 @@ _non_negative: Parse = partial(_number, allow_zero=True)
 
 
 def _count(where: str, value: Any) -> int:
-    whole = isinstance(value, int) and not isinstance(value, bool)
-    require(whole and value >= 0, where, value, "a whole number >= 0")
+    require(is_whole(value), where, value, "a whole number >= 0")
     return int(value)
 
 

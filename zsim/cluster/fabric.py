@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from zsim.errors import InputError, positive_int, positive_number, require
+from zsim.errors import InputError, is_whole, positive_int, positive_number, require
 
 GB = 1e9
 
@@ -350,8 +350,7 @@ def _backend(data: Mapping[str, Any], source: str) -> tuple[Backend, float, str,
     )
     backend = _choice(section, "name", Backend, source, "backend.")
     channels = section.get("ring_channels", 0)
-    ok = isinstance(channels, int) and not isinstance(channels, bool) and channels >= 0
-    ok = ok and (channels == 0 or backend is Backend.NCCL)
+    ok = is_whole(channels) and (channels == 0 or backend is Backend.NCCL)
     require(ok, f"{source}:backend.ring_channels", channels, "a whole number >= 0 (NCCL only)")
     return backend, call_latency_s, str(cpu), str(protocol), channels
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from enum import IntEnum, StrEnum
 from typing import Any
 
-from zsim.errors import InputError, positive_int, require
+from zsim.errors import InputError, is_whole, positive_int, require
 from zsim.workload import zero_plus_plus as zpp
 from zsim.workload.mechanisms import Mechanism, parse_mechanisms
 from zsim.workload.pipe_partition import Balancer, PartitionMethod
@@ -114,7 +114,8 @@ class ZeroKnobs:
         # DeepSpeed takes 0 for the stage-3 knobs (no prefetch, nothing persistent or kept
         # live or reused); a bucket of 0 elements would never fill
         for name in ("reduce_bucket_size", "allgather_bucket_size"):
-            require(_whole(getattr(self, name), 1), name, getattr(self, name), "a positive integer")
+            value = getattr(self, name)
+            require(is_whole(value, 1), name, value, "a positive integer")
         for name in (
             "prefetch_bucket_size",
             "param_persistence_threshold",
@@ -122,9 +123,9 @@ class ZeroKnobs:
             "max_reuse_distance",
         ):
             value = getattr(self, name)
-            require(_whole(value, 0), name, value, "a non-negative integer (0 turns it off)")
+            require(is_whole(value), name, value, "a non-negative integer (0 turns it off)")
         h = self.hpz_partition_size
-        require(_whole(h, 0), "zero_hpz_partition_size", h, "a non-negative integer (1: off)")
+        require(is_whole(h), "zero_hpz_partition_size", h, "a non-negative integer (1: off)")
 
 
 @dataclass(frozen=True)
@@ -373,7 +374,3 @@ def with_stage(cfg: ParallelConfig, stage: ZeroStage) -> ParallelConfig:
     elif stage is not ZeroStage.PARAMETERS and offload is Offload.OPTIMIZER_PARAMS:
         offload = Offload.OPTIMIZER
     return replace(cfg, zero_stage=stage, offload=offload)
-
-
-def _whole(value: object, least: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= least

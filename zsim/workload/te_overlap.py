@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from zsim.errors import InputError, require
+from zsim.errors import InputError, is_whole, require
 
 TE_METHODS: dict[str, str] = {
     "qkv_fprop": "ring_exchange",
@@ -49,7 +49,7 @@ def parse_sms(value: Any) -> SmMargins:
     out = {}
     for layer, sms in pairs:
         require(layer in TE_METHODS, "tp_overlap_sms", layer, f"one of {', '.join(TE_METHODS)}")
-        require(_whole(sms), f"tp_overlap_sms.{layer}", sms, "a non-negative whole number of SMs")
+        require(is_whole(sms), f"tp_overlap_sms.{layer}", sms, "a non-negative whole number of SMs")
         out[layer] = sms
     return tuple(sorted((layer, sms) for layer, sms in out.items() if sms))
 
@@ -78,13 +78,9 @@ def from_ub_cfgs(ub_cfgs: Mapping[str, Any] | None) -> SmMargins:
         cfg = {"num_sm": 1 if ring else 16, "set_sm_margin": not ring} | given
         on, sms = cfg["set_sm_margin"], cfg["num_sm"]
         require(on in (True, False, 0, 1), f"{where}.set_sm_margin", on, "true or false (1 or 0)")
-        require(_whole(sms), f"{where}.num_sm", sms, "a non-negative whole number of SMs")
+        require(is_whole(sms), f"{where}.num_sm", sms, "a non-negative whole number of SMs")
         margins[layer] = sms if on else 0
     return parse_sms(margins)
-
-
-def _whole(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 TE_DEFAULT_SMS = from_ub_cfgs({})
