@@ -56,15 +56,29 @@ def cost(case: Case) -> int:
     return c.pp * c.grad_accum * c.virtual_stages * (3 if c.zero_stage == 3 else 1)
 
 
+PER_SOURCE = 4
+"""Rows of each source sampled first (all it has where fewer): a source is judged on its own
+rows, not left out because another source of its file has more."""
+
+
 def select(cases: list[Case], limit: int) -> list[Case]:
-    """Up to `limit` rows, evenly spread over the file (so every table and model size is
-    represented), preferring rows whose configuration is given in full."""
-    given = [c for c in cases if not c.assumed]
-    rest = [c for c in cases if c.assumed]
-    chosen = spread(given, limit)
-    chosen += spread(rest, limit - len(chosen))
+    """Up to `limit` rows: `PER_SOURCE` of each source, then the rest evenly spread over the
+    file (so every table and model size is represented), each time preferring rows whose
+    configuration is given in full."""
+    sources: dict[str, list[Case]] = {}
+    for c in cases:
+        sources.setdefault(c.source_id, []).append(c)
+    chosen = [c for rows in sources.values() for c in _given_first(rows, PER_SOURCE)]
+    taken = {c.row_id for c in chosen}
+    chosen += _given_first([c for c in cases if c.row_id not in taken], limit - len(chosen))
     order = {c.row_id: i for i, c in enumerate(cases)}
     return sorted(chosen, key=lambda c: order[c.row_id])
+
+
+def _given_first(cases: list[Case], n: int) -> list[Case]:
+    given = [c for c in cases if not c.assumed]
+    chosen = spread(given, n)
+    return chosen + spread([c for c in cases if c.assumed], n - len(chosen))
 
 
 def spread(items: list[Case], n: int) -> list[Case]:
@@ -159,7 +173,13 @@ def too_slow(case: Case, args: argparse.Namespace) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--max-rows", type=int, default=32, help="rows simulated per file")
+    parser.add_argument(
+        "--max-rows",
+        type=int,
+        default=None,
+        help="rows simulated per file (default: every mapped row; a sample takes PER_SOURCE of "
+        "each source first)",
+    )
     parser.add_argument("--jobs", type=int, default=2, help="simulations in parallel")
     parser.add_argument(
         "--max-cost",
@@ -201,7 +221,7 @@ def choose(args: argparse.Namespace, results: list[dict[str, Any]]) -> list[Case
                     | {"status": "skipped", "reason": str(why)}
                 )
         affordable = [c for c in mapped if not too_slow(c, args)]
-        chosen = select(affordable, args.max_rows)
+        chosen = affordable if args.max_rows is None else select(affordable, args.max_rows)
         ids = {c.row_id for c in chosen}
         for c in mapped:
             if c.row_id not in ids:

@@ -79,17 +79,19 @@ def engine_fields(
     if mcore:  # Megatron-Core's DDP: --overlap-grad-reduce, with the distributed optimizer
         knobs = ZeroKnobs(overlap_comm=True)  # --overlap-param-gather too (the READMEs' runs)
         assumed.append("--overlap-grad-reduce --overlap-param-gather --tp-comm-overlap")
-    if fw in ("mpt", "torchtitan") and stage >= ZeroStage.GRADIENTS:
+    if fw == "mpt" and stage >= ZeroStage.GRADIENTS:  # Composer's FSDP1, as DeepSpeed's ZeRO
         unit = block_params(model, tp)  # FSDP wraps each block: gather / reduce per block
         knobs = ZeroKnobs(reduce_bucket_size=unit, prefetch_bucket_size=unit, overlap_comm=True)
         if stage is ZeroStage.PARAMETERS:  # FULL_SHARD reshards after forward: gathered
             knobs = replace(knobs, max_reuse_distance=unit)  # again for (recompute +) backward
     megatron = fw in ("megatron", "mcore")
+    # torchtitan's FSDP2 is zsim's FSDP engine (zsim.step.fsdp follows torchtitan's apply_fsdp)
+    fsdp = fw == "torchtitan" and stage is ZeroStage.PARAMETERS
     return {
         "knobs": knobs,
         # Megatron's schedules, but BLOOM's Megatron-DeepSpeed ran DeepSpeed's PipelineEngine
         "pipeline_engine": PipelineEngine.MEGATRON if megatron else PipelineEngine.DEEPSPEED,
-        "dp_engine": DpEngine.MEGATRON if mcore else DpEngine.DEEPSPEED,
+        "dp_engine": DpEngine.MEGATRON if mcore else DpEngine.FSDP if fsdp else DpEngine.DEEPSPEED,
         "overlap_param_gather": mcore and stage is ZeroStage.OPTIMIZER,
         # --tp-comm-overlap (the Megatron-Core READMEs' and NeMo's recipes), with SP only
         "tp_comm_overlap": mcore and tp > 1,

@@ -166,6 +166,10 @@ def recompute(row: dict[str, str], fw: str, assumed: list[str]) -> Recompute:
         raise Skip("per-layer selective checkpointing (every n-th block) is not modelled")
     if r.startswith(("full", "yes")):
         return Recompute.FULL
+    if fw == "torchtitan" and r.startswith("selective"):  # its op-level AC (every 2nd mm)
+        if r != "selective op":  # train_configs/llama3_8b.toml: selective_ac_option = 'op'
+            assumed.append("selective AC 'op' (torchtitan's default)")
+        return Recompute.SELECTIVE_OP
     if r.startswith("selective"):
         return Recompute.SELECTIVE
     if r.startswith("none"):

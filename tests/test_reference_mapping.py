@@ -44,6 +44,11 @@ def test_a_row_whose_two_figures_agree_is_compared_on_its_step_time():
     assert case.measured_from == "step_time_s"
 
 
+def _fsdp_row(row_id: str) -> dict[str, str]:
+    with (REFERENCE / FILES["fsdp"]).open(newline="", encoding="utf-8") as f:
+        return next(r for r in csv.DictReader(f) if r["row_id"] == row_id)
+
+
 def _megatron_row(row_id: str) -> dict[str, str]:
     with (REFERENCE / FILES["megatron"]).open(newline="", encoding="utf-8") as f:
         return next(r for r in csv.DictReader(f) if r["row_id"] == row_id)
@@ -138,3 +143,16 @@ def test_bloom_stages_split_as_bigscience_said_on_the_deepspeed_of_then(row_id, 
     case = map_row(_row(row_id), BLOOM)
     assert str(case.parallel.pp_partition) == method
     assert str(case.parallel.pp_balancer) == "bisect"  # DeepSpeed < 0.12.5
+
+
+@pytest.mark.parametrize(
+    ("row_id", "defaulted"),
+    [("training_fsdp-226", False), ("training_fsdp-229", True)],
+)
+def test_torchtitan_rows_run_its_fsdp2_and_its_op_level_ac(row_id, defaulted):
+    # docs/performance.md "selective op"; the 2024-12 H100 tables' "Selective" ran the
+    # train configs' default, selective_ac_option = 'op'
+    case = map_row(_fsdp_row(row_id), FILES["fsdp"])
+    assert str(case.parallel.recompute) == "selective-op"
+    assert str(case.parallel.dp_engine) == "fsdp"
+    assert any("'op'" in a for a in case.assumed) is defaulted

@@ -18,7 +18,13 @@ from dataclasses import dataclass, fields, replace
 
 from zsim.cluster.device import DeviceProfile
 from zsim.step import fsdp, megatron_dp, zero3
-from zsim.workload.layout import DEFAULT_SPLIT, StageSplit, rank_layers, stage_layers
+from zsim.workload.layout import (
+    DEFAULT_SPLIT,
+    RECOMPUTED,
+    StageSplit,
+    rank_layers,
+    stage_layers,
+)
 from zsim.workload.model import Layer, LayerKind, ModelKind, ModelSpec
 from zsim.workload.parallel import (
     STAGE0_ALLREDUCE_BUCKET_NUMEL,
@@ -30,7 +36,13 @@ from zsim.workload.parallel import (
     Recompute,
     ZeroStage,
 )
-from zsim.workload.shapes import Shard, layer_input_bytes, loss_saved_bytes, saved_tensors
+from zsim.workload.shapes import (
+    Shard,
+    layer_input_bytes,
+    loss_saved_bytes,
+    sac_kept_bytes,
+    saved_tensors,
+)
 
 FSDP = DpEngine.FSDP
 # Bytes per parameter of each model state (the seeds' table 2.1).
@@ -165,10 +177,13 @@ def activation_bytes(model: ModelSpec, cfg: ParallelConfig, pipeline_stage: int 
     if pipeline_stage == cfg.pp - 1:
         loss = loss_saved_bytes(model, cfg.micro_batch, cfg.precision.bytes)
         per_layer.append((LayerKind.HEAD, loss))  # kept under full recompute too
-    if cfg.recompute is Recompute.FULL:
-        kept = layer_input_bytes(model, shard)
-        recomputable = [b for k, b in per_layer if k in (LayerKind.BLOCK, LayerKind.LINEAR)]
-        others = sum(b for k, b in per_layer if k not in (LayerKind.BLOCK, LayerKind.LINEAR))
+    replayed = {Recompute.FULL: RECOMPUTED, Recompute.SELECTIVE_OP: (LayerKind.BLOCK,)}
+    if cfg.recompute in replayed:  # each replayed layer keeps what its checkpoint saves
+        kinds = replayed[cfg.recompute]
+        full = cfg.recompute is Recompute.FULL
+        kept = layer_input_bytes(model, shard) if full else sac_kept_bytes(model, shard)
+        recomputable = [b for k, b in per_layer if k in kinds]
+        others = sum(b for k, b in per_layer if k not in kinds)
         stored = kept * len(recomputable) + others
         # during backward one layer is replayed and its full activations exist at once
         working = max(recomputable, default=0.0)

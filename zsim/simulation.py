@@ -27,7 +27,7 @@ from zsim.step.trace import RankTimes, rank_times, rank_times_and_window
 from zsim.workload.mechanisms import Mechanism
 from zsim.workload.model import ModelSpec
 from zsim.workload.parallel import ParallelConfig, Recompute
-from zsim.workload.shapes import forward_flops
+from zsim.workload.shapes import Shard, forward_flops, sac_replay
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,9 @@ def step_flops(model: ModelSpec, cfg: ParallelConfig) -> tuple[float, float]:
     for hardware FLOPs the recomputed forward too (Narayanan et al. 2021, section 5.1)."""
     forward = forward_flops(model, cfg.micro_batch) * cfg.grad_accum * cfg.dp
     replay = forward if cfg.recompute is Recompute.FULL else 0.0
+    if cfg.recompute is Recompute.SELECTIVE_OP:  # the replayed matmuls of every block
+        per_block = sum(op.flops for op in sac_replay(model, Shard(cfg.micro_batch)))
+        replay = per_block * model.layers * cfg.grad_accum * cfg.dp
     return 3 * forward, 3 * forward + replay
 
 

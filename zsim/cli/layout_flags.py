@@ -50,7 +50,9 @@ def add_parallel_flags(p: argparse.ArgumentParser, stage: bool = True) -> None:
     if stage:
         g.add_argument("--stage", help="ZeRO stage 0-3")
     g.add_argument("--precision", help="fp16, bf16 or fp32 (default fp16)")
-    g.add_argument("--recompute", help="none, selective or full")
+    g.add_argument(
+        "--recompute", help="none, selective, selective-op (torchtitan's op-level AC) or full"
+    )
     g.add_argument("--offload", help="none, optimizer or optimizer+params")
     g.add_argument("--sequence-parallel", action="store_true", default=None)
     g.add_argument("--flash-attention", action="store_true", default=None)

@@ -50,8 +50,15 @@ def fsdp_config(cfg: Any) -> dict[str, Any]:
         "micro_batch": cfg.micro_batch,
         "gradient_accumulation_steps": cfg.grad_accum,
         "global_batch": cfg.global_batch,
-        "activation_checkpointing": str(cfg.recompute),
+        "activation_checkpointing": _torchtitan_ac(cfg.recompute),
     }
+
+
+def _torchtitan_ac(recompute: Recompute) -> Any:
+    """torchtitan's [activation_checkpoint] section for op-level AC; the mode's name else."""
+    if recompute is Recompute.SELECTIVE_OP:
+        return {"mode": "selective", "selective_ac_option": "op"}
+    return str(recompute)
 
 
 def launch_lines(model: ModelSpec, cfg: Any, nodes: int, gpus_per_node: int) -> list[str]:

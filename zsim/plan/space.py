@@ -39,7 +39,8 @@ class Space:
     tps: tuple[int, ...] | None = None  # None: every width within a node
     pps: tuple[int, ...] | None = None  # None: every depth
     offloads: tuple[Offload, ...] = tuple(Offload)
-    recomputes: tuple[Recompute, ...] = tuple(Recompute)
+    # torchtitan's op-level AC only where asked (a job's own mode, not one zsim searches yet)
+    recomputes: tuple[Recompute, ...] = tuple(r for r in Recompute if r != "selective-op")
     virtual_stages: tuple[int, ...] = (2, 3, 4)
     max_micro_batch: int = 16
     precision: Precision = Precision.BF16

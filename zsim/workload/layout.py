@@ -21,7 +21,7 @@ from zsim.workload.model import (
 )
 from zsim.workload.parallel import ParallelConfig, Recompute
 from zsim.workload.pipe_partition import Balancer, PartitionMethod, balanced_bounds
-from zsim.workload.shapes import Shard, backward_ops, forward_ops
+from zsim.workload.shapes import Shard, backward_ops, forward_ops, sac_replay
 
 RECOMPUTED = (LayerKind.BLOCK, LayerKind.LINEAR)  # what full recompute checkpoints
 # selective recompute replays attention's core (Korthikanti et al. 2022, section 5)
@@ -139,6 +139,8 @@ def layer_passes(model: ModelSpec, cfg: ParallelConfig, layer: Layer) -> Passes:
         replay = fwd
     elif cfg.recompute is Recompute.SELECTIVE and layer.kind is LayerKind.BLOCK:
         replay = tuple(op for op in fwd if op.name in SELECTIVE_OPS)
+    elif cfg.recompute is Recompute.SELECTIVE_OP and layer.kind is LayerKind.BLOCK:
+        replay = sac_replay(model, Shard.of(cfg))
     return Passes(fwd, replay, backward_ops(tuple(reversed(fwd))))
 
 

@@ -53,6 +53,9 @@ class Precision(StrEnum):
 class Recompute(StrEnum):
     NONE = "none"
     SELECTIVE = "selective"  # recompute attention's softmax/dropout only (Korthikanti et al.)
+    # torchtitan's op-level selective AC: keep matmul (except every second one of a block)
+    # and attention outputs, replay the rest (zsim.workload.shapes.sac_replay)
+    SELECTIVE_OP = "selective-op"
     FULL = "full"  # keep each layer's input, replay the forward in backward
 
 
@@ -216,6 +219,7 @@ class ParallelConfig:
             "sequence parallelism needs tp > 1",
         )
         self._check_pipeline()
+        self._check_recompute()
         zpp.check(self)
         self._check_megatron()
         check_fsdp(self)
@@ -226,6 +230,15 @@ class ParallelConfig:
             f"a multiple of pp={self.pp} (Megatron's interleaved schedule runs micro-batches "
             "in groups of pp)",
         )
+
+    def _check_recompute(self) -> None:
+        """torchtitan's op-level selective AC as zsim models it: its 1D (FSDP) layout, where
+        no TP reduce-scatter output is kept, with SDPA's fused attention, which it saves."""
+        if self.recompute is not Recompute.SELECTIVE_OP:
+            return
+        why = "with recompute selective-op (torchtitan's op-level AC, modelled without TP)"
+        require(self.tp == 1, "tp", self.tp, f"1 {why}")
+        require(self.flash_attention, "flash_attention", False, f"true {why}")
 
     def _check_pipeline(self) -> None:
         """DeepSpeed's and Megatron's pipeline rules."""

@@ -107,6 +107,16 @@ def activation_bytes(model: ModelSpec, layer: Layer, shard: Shard) -> int:
     return int(sum(saved_tensors(model, layer, shard).values()))
 
 
+def sac_replay(model: ModelSpec, shard: Shard) -> tuple[ComputeOp, ...]:
+    """What a block replays in backward under torchtitan's op-level selective AC."""
+    return _Shapes(model, shard).sac_replay()
+
+
+def sac_kept_bytes(model: ModelSpec, shard: Shard) -> float:
+    """Bytes a block keeps per micro-batch under torchtitan's op-level selective AC."""
+    return _Shapes(model, shard).sac_kept()
+
+
 def loss_saved_bytes(model: ModelSpec, micro_batch: int, dtype_bytes: int = 2) -> int:
     """What the loss saves for backward, on the last pipeline stage: the seeds' MSE loss
     keeps its prediction and its target (cross-entropy's logits are the head's)."""
@@ -218,6 +228,36 @@ class _Shapes:
             self.memory("residual2", sbh_rep, passes=4.0 if m.dropout else 3.0),
         ]
         return tuple(ops)
+
+    def sac_linears(self) -> list[tuple[str, int, int]]:
+        """A torchtitan block's matmuls in call order, (name, out, in) on one rank: wq, wk, wv
+        (attention's projections, separate), wo, then w1, w3 (gated) and w2 (its Llama
+        `FeedForward`: w2(silu(w1(x)) * w3(x)))."""
+        m = self.m
+        h, f, kv = m.hidden, m.ffn_hidden, m.n_kv_heads * m.head_dim
+        mlp = [("w1", f, h)] + ([("w3", f, h)] if m.gated_mlp else []) + [("w2", h, f)]
+        return [("wq", h, h), ("wk", kv, h), ("wv", kv, h), ("wo", h, h), *mlp]
+
+    def sac_replay(self) -> tuple[ComputeOp, ...]:
+        """torchtitan's op policy saves the outputs of mm, SDPA and reduce-scatter "except
+        every second mm" of each block (its per-block count, from 1), so backward replays the
+        even-numbered matmuls and every bandwidth-bound op, not the attention kernel."""
+        replayed = [
+            self.gemm(f"{name}_replay", self.tokens, out, k)
+            for i, (name, out, k) in enumerate(self.sac_linears(), start=1)
+            if i % 2 == 0
+        ]
+        memory = [op for op in self.block(True) if op.kind is OpKind.MEMORY]
+        return (*replayed, *memory)
+
+    def sac_kept(self) -> float:
+        """The block's input (the checkpoint's) and the outputs its policy saves: the
+        odd-numbered matmuls' and the attention kernel's (output and softmax statistics)."""
+        m, tok, d = self.m, self.tokens, self.d
+        kept = [out for i, (_, out, _) in enumerate(self.sac_linears(), start=1) if i % 2]
+        block_input = attention_output = m.hidden
+        stats = self.b * m.heads * self.s * 4.0  # fp32 logsumexp per head and query
+        return tok * d * (block_input + sum(kept) + attention_output) + stats
 
     def saved(self, kind: LayerKind, flash: bool) -> dict[str, float]:
         """Tensors kept for backward, in bytes, named after what saves them.
