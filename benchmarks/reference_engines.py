@@ -7,14 +7,17 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from zsim.workload.model import ModelSpec
+from reference_measured import Skip
+
+from zsim.cluster.flash_rates import family_of
+from zsim.workload.model import AttentionKernel, ModelSpec
 from zsim.workload.parallel import DpEngine, PipelineEngine, ZeroKnobs, ZeroStage
 from zsim.workload.te_overlap import SmMargins, from_ub_cfgs
 
 
 def flash(fw: str) -> bool:
     """FlashAttention where the software used it: Megatron-Core/NeMo, MPT (llm-foundry's
-    Triton kernel, see TRITON_FLASH), torchtitan (SDPA flash); not in Megatron-LM 2020-21,
+    Triton kernel, see triton_kernel), torchtitan (SDPA flash); not in Megatron-LM 2020-21,
     BLOOM's Megatron-DeepSpeed or the DeepSpeed tutorials' Megatron GPT-2."""
     return fw in ("mcore", "mpt", "torchtitan")
 
@@ -22,13 +25,14 @@ def flash(fw: str) -> bool:
 # llm-foundry's benchmark tables ran `attn_impl: triton` (scripts/train/benchmarking/
 # submit_benchmarks.py's default at a7d6a44 and 5e85bd6, never overridden by sweep.sh; the MPT
 # yamls say the same), i.e. its vendored flash_attn_triton.py, not FlashAttention-2's CUDA
-# kernels. zsim has a rate for the latter only (the reference's Azure row); the Triton one is
-# "slightly slower than [FlashAttention 1's] CUDA forward + backward" (its own docstring) and
-# FlashAttention-2 is 1.3-2.5x faster than it (Dao 2023, section 4.1): a range, not a rate.
-TRITON_FLASH = (
-    "attention: llm-foundry's Triton FlashAttention (attn_impl: triton), costed at "
-    "FlashAttention-2's rate, 1.3-2.5x faster than it (Dao 2023)"
-)
+# kernels. Its speed by shape and mask is in the flash-attention README's A100 figure
+# ("FlashAttention Triton", zsim.cluster.flash_rates); the H100 figure has no Triton kernel.
+def triton_kernel(gpu: str) -> AttentionKernel:
+    """llm-foundry's Triton kernel, on a GPU the figure has it for (a row on another is
+    skipped: costing it as FlashAttention-2, 1.3-2.5x faster (Dao 2023), is a guess)."""
+    if family_of(gpu) != "a100":
+        raise Skip(f"llm-foundry's Triton attention (attn_impl: triton) has no rate on {gpu}")
+    return AttentionKernel.TRITON
 
 
 # TransformerEngine's SM margins under --tp-comm-overlap (zsim.workload.te_overlap), as each

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from reference_engines import (
-    TRITON_FLASH,
     engine_fields,
     flash,
     tp_overlap_sms,
+    triton_kernel,
     zero_plus_plus,
 )
 from reference_measured import Skip, integer, measured, text
@@ -349,11 +349,11 @@ def map_row(row: dict[str, str], file: str) -> Case:
     except InputError as exc:
         raise Skip(f"zsim refuses the layout: {exc}") from None
     fabric, per_node, gpu = cluster(row, notes, assumed)
+    if fw == "mpt":  # llm-foundry's Triton kernel where a rate for it exists
+        parallel = replace(parallel, attention_kernel=triton_kernel(gpu))
     if pp > 1 and (model.layers % (pp * vpp) or parallel.pp_partition != "uniform"):
         held = stage_blocks(model, parallel)
         notes.append(f"{parallel.pp_partition}: stages of {', '.join(map(str, held))} blocks")
-    if fw == "mpt":
-        notes.append(TRITON_FLASH)
     step, source = measured(row, model)
     return Case(
         row_id=row["row_id"],

@@ -156,3 +156,13 @@ def test_torchtitan_rows_run_its_fsdp2_and_its_op_level_ac(row_id, defaulted):
     assert str(case.parallel.recompute) == "selective-op"
     assert str(case.parallel.dp_engine) == "fsdp"
     assert any("'op'" in a for a in case.assumed) is defaulted
+
+
+def test_mosaicml_rows_run_llm_foundrys_triton_attention_where_it_has_a_rate():
+    # submit_benchmarks.py's --attn_impl triton; the flash-attention figure has that kernel
+    # on A100 only, so an H100 row is skipped rather than costed as FlashAttention-2
+    rows = {r["row_id"]: r for r in csv.DictReader((REFERENCE / FILES["fsdp"]).open())}
+    a100 = map_row(rows["training_fsdp-122"], FILES["fsdp"])
+    assert str(a100.parallel.attention_kernel) == "triton"
+    with pytest.raises(Skip, match="Triton"):
+        map_row(rows["training_fsdp-021"], FILES["fsdp"])

@@ -61,7 +61,8 @@ def profile_to_dict(p: DeviceProfile) -> dict[str, Any]:
 
 def _plain(value: Any) -> Any:
     if is_dataclass(value):  # a field left unmeasured (None) is left out: its default
-        return {k: v for k, v in vars(value).items() if v is not None}
+        numbers = set(_number_fields(type(value)))
+        return {k: v for k, v in vars(value).items() if v is not None and k in numbers}
     if isinstance(value, Mapping):
         return {k: _plain(v) for k, v in sorted(value.items())}
     if isinstance(value, tuple):
@@ -95,9 +96,16 @@ def _keyed(where: str, value: Any, keys: Sequence[str]) -> dict[str, float]:
     return out
 
 
+def _number_fields(kind: type[Any]) -> list[str]:
+    """A record's measured numbers (not what only presets set: ComputeRates' flash figure,
+    which a calibrated attention rate, measured at its own shapes, goes without)."""
+    plain = (int, float, type(None))
+    return [f.name for f in fields(kind) if f.default is MISSING or isinstance(f.default, plain)]
+
+
 def _records(kind: type[Any], zero_ok: Sequence[str] = ()) -> Parse:
     """A mapping of names to records of `kind` (a dataclass of numbers)."""
-    names = [f.name for f in fields(kind)]
+    names = _number_fields(kind)
     optional = {f.name for f in fields(kind) if f.default is not MISSING}
 
     def parse(where: str, value: Any) -> dict[str, Any]:
@@ -313,36 +321,11 @@ def measurements_csv(rows: Sequence[Measurement]) -> str:
     )
     lines = [head]
     for r in rows:
-        m, n, k, b = r.shape
-        lines.append(
-            ",".join(
-                str(v)
-                for v in (
-                    r.kind,
-                    r.op,
-                    r.dtype,
-                    r.size_bytes,
-                    r.flops,
-                    m,
-                    n,
-                    k,
-                    b,
-                    r.params,
-                    r.layer_key,
-                    r.micro_batch,
-                    r.group,
-                    r.ranks,
-                    r.link_class,
-                    len(r.samples_s),
-                    r.inner,
-                    f"{r.median_s:.6e}",
-                    f"{r.q1_s:.6e}",
-                    f"{r.q3_s:.6e}",
-                    *_bandwidths_gbps(r),
-                    f"{r.time_s:.6e}",
-                )
-            )
-        )
+        plain = [r.kind, r.op, r.dtype, r.size_bytes, r.flops, *r.shape, r.params, r.layer_key]
+        plain += [r.micro_batch, r.group, r.ranks, r.link_class, len(r.samples_s), r.inner]
+        times = [f"{t:.6e}" for t in (r.median_s, r.q1_s, r.q3_s)]
+        values = [*plain, *times, *_bandwidths_gbps(r), f"{r.time_s:.6e}"]
+        lines.append(",".join(str(v) for v in values))
     return "\n".join(lines) + "\n"
 
 

@@ -56,6 +56,12 @@ def add_parallel_flags(p: argparse.ArgumentParser, stage: bool = True) -> None:
     g.add_argument("--offload", help="none, optimizer or optimizer+params")
     g.add_argument("--sequence-parallel", action="store_true", default=None)
     g.add_argument("--flash-attention", action="store_true", default=None)
+    g.add_argument(
+        "--attention-kernel",
+        metavar="K",
+        help="the fused attention kernel: flash2 (default) or triton (flash-attn's Triton "
+        "kernel, llm-foundry's attn_impl: triton; A100 only)",
+    )
     _add_pipeline_flags(g)
     _add_megatron_flags(g)
     k = p.add_argument_group("DeepSpeed knobs (elements, as in ds_config)")

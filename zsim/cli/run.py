@@ -60,6 +60,7 @@ def _parallel_from(
             "offload",
             "sequence_parallel",
             "flash_attention",
+            "attention_kernel",
             "pp_schedule",
             "pipeline_engine",
             "pp_partition",

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
 
+from zsim.cluster.flash_rates import time_scale
 from zsim.errors import InputError
 from zsim.workload.model import ComputeOp, LayerKind, ModelKind, ModelSpec, OpKind
 
@@ -44,6 +45,10 @@ class ComputeRates:
     # a GEMM's cost per output element (its tiles' epilogue and fill, amortized over k): what
     # makes small-k GEMMs slow at any size; 0 where the fit has no such term
     gemm_s_per_output: float = 0.0
+    # the figure (zsim.cluster.flash_rates) that scales the attention rate by mask, kernel and
+    # shape, and the (head dim, sequence) it was measured at; "" where it is used as measured
+    flash_family: str = ""
+    flash_anchor: tuple[int, int] = (0, 0)
 
     def op_time_s(self, op: ComputeOp) -> float:
         if op.kind is OpKind.GEMM:  # roofline: thin GEMMs (attention's, small k) stream
@@ -53,7 +58,10 @@ class ComputeRates:
             )
             return self.gemm_overhead_s + max(compute, op.bytes_moved / self.memory_bytes_per_s)
         if op.kind is OpKind.ATTENTION:
-            return self.gemm_overhead_s + op.flops / self.attention_flops_per_s
+            scale = 1.0
+            if self.flash_family and op.attention is not None:
+                scale = time_scale(self.flash_family, self.flash_anchor, op.attention)
+            return self.gemm_overhead_s + op.flops * scale / self.attention_flops_per_s
         return self.memory_overhead_s + op.bytes_moved / self.memory_bytes_per_s
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from zsim.cluster.device import ADAM_STEP_BYTES_PER_PARAM, GB, ComputeRates, DeviceProfile, GiB
+from zsim.cluster.flash_rates import family_of
 from zsim.errors import positive_number, require
 
 # DeepSpeedCPUAdam streams ADAM_STEP_BYTES_PER_PARAM per step (`Step_AVX`: fp32 parameters,
@@ -78,6 +79,29 @@ def fit_gemm_tiles(shapes_tflops: list[tuple[int, int, int, float]]) -> tuple[fl
     return float(1.0 / inv_rate), float(overhead), float(per_output)
 
 
+def _host_link(rows: list[dict[str, str]], spec: Mapping[str, Any], own_rows: bool) -> float:
+    """Host-to-device bytes/s: the GPU's nvbandwidth row, else its spec sheet's link."""
+    h2d = [_number(r, "value") for r in rows if r["benchmark"] == "nvbandwidth Host to Device"]
+    return (h2d[0] if h2d and own_rows else float(spec["host_link_GBps"])) * GB
+
+
+def _flash(
+    rows: list[dict[str, str]], match: str, bf16_peak: float
+) -> tuple[float, str, tuple[int, int]]:
+    """The FlashAttention-2 row's efficiency (0 without one), the figure that scales it by
+    shape and mask, and the (head dim, sequence) it was measured at, from its notes ("head dim
+    64, batch 2, seq 8192")."""
+    row = next((r for r in rows if r["benchmark"].startswith("Flash Attention")), None)
+    if row is None:
+        return 0.0, "", (0, 0)
+    eff = _number(row, "value") * 1e12 / bf16_peak
+    dims = [re.search(rf"{key} (\d+)", row.get("notes", "")) for key in ("head dim", "seq")]
+    family = family_of(match)
+    if not family or dims[0] is None or dims[1] is None:
+        return eff, "", (0, 0)
+    return eff, family, (int(dims[0].group(1)), int(dims[1].group(1)))
+
+
 def _number(row: dict[str, str], key: str) -> float:
     return float(row[key].replace(",", ""))
 
@@ -108,8 +132,8 @@ def profile_from_spec(
     gemm_eff = rate / source_peaks[gemm_dtype]
     if gemm_dtype not in ("fp16", "bf16"):
         notes.append(f"16-bit GEMM efficiency taken from {gemm_dtype.upper()} measurements")
-    flash = [_number(r, "value") for r in rows if r["benchmark"].startswith("Flash Attention")]
-    flash_eff = flash[0] * 1e12 / source_peaks["bf16"] if flash else gemm_eff / 2
+    flash_eff, family, anchor = _flash(rows, str(source["match"]), source_peaks["bf16"])
+    flash_eff = flash_eff or gemm_eff / 2
     hbm = [
         _number(r, "value") for r in rows if re.match(r"HBM (Copy|Mul|Add|Triad)", r["benchmark"])
     ]
@@ -124,18 +148,17 @@ def profile_from_spec(
             mem_rate,
             overhead,
             per_output * source_peaks[gemm_dtype] / peak,
+            *(family, anchor),
         )
         for dtype, peak in peaks.items()
     }
-    h2d = [_number(r, "value") for r in rows if r["benchmark"] == "nvbandwidth Host to Device"]
-    host_link = (h2d[0] if h2d and source is spec else float(spec["host_link_GBps"])) * GB
     return DeviceProfile(
         name=name,
         memory_bytes=_memory_bytes(spec),
         reserved_bytes=float(spec.get("reserved_GiB", 0.0)) * GiB,
         peak_flops=peaks,
         rates=rates,
-        host_link_bytes_per_s=host_link,
+        host_link_bytes_per_s=_host_link(rows, spec, source is spec),
         optimizer_bytes_per_s=mem_rate,
         host_adam_params_per_s=host_adam_params_per_s(spec),
         host_memory_bytes=host_memory_bytes(spec),

@@ -55,6 +55,23 @@ class ParamTensor:
         return math.ceil(self.numel / tp) if self.tp_sharded else self.numel
 
 
+class AttentionKernel(StrEnum):
+    """The fused attention kernel a job runs (with flash attention)."""
+
+    FLASH2 = "flash2"  # FlashAttention-2 (flash-attn, PyTorch SDPA's flash backend)
+    TRITON = "triton"  # flash-attn's Triton kernel, llm-foundry's `attn_impl: triton`
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """What a fused attention kernel's speed depends on (zsim.cluster.flash_rates)."""
+
+    seq: int
+    head_dim: int
+    causal: bool = True
+    kernel: AttentionKernel = AttentionKernel.FLASH2
+
+
 @dataclass(frozen=True)
 class ComputeOp:
     """One kernel: FLOPs and bytes moved; GEMMs also carry (m, n, k) x batch for efficiency."""
@@ -66,6 +83,7 @@ class ComputeOp:
     gemm_shape: tuple[int, int, int] = (0, 0, 0)
     gemm_batch: int = 1
     modules: tuple[str, ...] = ()  # submodules whose parameters it reads (ZeRO-3 gathers them)
+    attention: AttentionShape | None = None  # a fused attention kernel's shape
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from typing import Any
 from zsim.errors import InputError, is_whole, positive_int, require
 from zsim.workload import zero_plus_plus as zpp
 from zsim.workload.mechanisms import Mechanism, parse_mechanisms
+from zsim.workload.model import AttentionKernel
 from zsim.workload.pipe_partition import Balancer, PartitionMethod
 from zsim.workload.sharding import FsdpSharding, check_fsdp, shard_ranks
 from zsim.workload.te_overlap import TE_DEFAULT_SMS, SmMargins, parse_sms
@@ -152,6 +153,8 @@ class ParallelConfig:
     pp_partition: PartitionMethod = PartitionMethod.UNIFORM
     pp_balancer: Balancer = Balancer.DP
     flash_attention: bool = False
+    # which fused kernel (with flash attention): its speed by shape is zsim.cluster.flash_rates
+    attention_kernel: AttentionKernel = AttentionKernel.FLASH2
     knobs: ZeroKnobs = field(default_factory=ZeroKnobs)
     # DeepSpeed was given a model-parallel unit (Megatron-DeepSpeed always passes one; a plain
     # deepspeed.initialize does not); None: one exactly when tp > 1 or pp > 1
@@ -219,7 +222,7 @@ class ParallelConfig:
             "sequence parallelism needs tp > 1",
         )
         self._check_pipeline()
-        self._check_recompute()
+        self._check_attention()
         zpp.check(self)
         self._check_megatron()
         check_fsdp(self)
@@ -231,14 +234,16 @@ class ParallelConfig:
             "in groups of pp)",
         )
 
-    def _check_recompute(self) -> None:
-        """torchtitan's op-level selective AC as zsim models it: its 1D (FSDP) layout, where
-        no TP reduce-scatter output is kept, with SDPA's fused attention, which it saves."""
-        if self.recompute is not Recompute.SELECTIVE_OP:
-            return
-        why = "with recompute selective-op (torchtitan's op-level AC, modelled without TP)"
-        require(self.tp == 1, "tp", self.tp, f"1 {why}")
-        require(self.flash_attention, "flash_attention", False, f"true {why}")
+    def _check_attention(self) -> None:
+        """A fused kernel needs flash attention; torchtitan's op-level selective AC as zsim
+        models it: its 1D (FSDP) layout, where no TP reduce-scatter output is kept, with SDPA's
+        fused attention, which it saves."""
+        fused = self.flash_attention or self.attention_kernel is AttentionKernel.FLASH2
+        require(fused, "attention_kernel", str(self.attention_kernel), "flash2 without flash")
+        if self.recompute is Recompute.SELECTIVE_OP:
+            why = "with recompute selective-op (torchtitan's op-level AC, modelled without TP)"
+            require(self.tp == 1, "tp", self.tp, f"1 {why}")
+            require(self.flash_attention, "flash_attention", False, f"true {why}")
 
     def _check_pipeline(self) -> None:
         """DeepSpeed's and Megatron's pipeline rules."""
@@ -364,6 +369,7 @@ ENUM_FIELDS: dict[str, type[Any]] = {  # the fields given by name (a flag, a YAM
     "offload": Offload,
     "pp_schedule": PipelineSchedule,
     "pipeline_engine": PipelineEngine,
+    "attention_kernel": AttentionKernel,
     "pp_partition": PartitionMethod,
     "pp_balancer": Balancer,
     "dp_engine": DpEngine,

@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, replace
 
 from zsim.workload.model import (
+    AttentionKernel,
+    AttentionShape,
     ComputeOp,
     Layer,
     LayerKind,
@@ -31,6 +33,7 @@ class Shard:
     sequence_parallel: bool = False
     flash_attention: bool = False
     dtype_bytes: int = 2
+    attention_kernel: AttentionKernel = AttentionKernel.FLASH2
 
     @classmethod
     def of(cls, cfg: ParallelConfig) -> Shard:
@@ -41,6 +44,7 @@ class Shard:
             cfg.sequence_parallel,
             cfg.flash_attention,
             cfg.precision.bytes,
+            cfg.attention_kernel,
         )
 
 
@@ -144,6 +148,7 @@ class _Shapes:
         # sequence parallel splits the replicated sbh tensors by tp
         self.sp = shard.tp if shard.sequence_parallel else 1
         self.d = shard.dtype_bytes
+        self.kernel = shard.attention_kernel
 
     def gemm(
         self, name: str, m: int, n: int, k: int, batch: int = 1, module: str = ""
@@ -207,8 +212,9 @@ class _Shapes:
                 ComputeOp(
                     "flash_attention",
                     OpKind.ATTENTION,
-                    4.0 * self.b * heads * self.s**2 * hd,
+                    4.0 * self.b * heads * self.s**2 * hd,  # as if unmasked (model FLOPs)
                     4.0 * tok * heads * hd * self.d,
+                    attention=AttentionShape(self.s, hd, kernel=self.kernel),
                 )
             )
         else:
