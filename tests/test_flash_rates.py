@@ -75,4 +75,4 @@ def test_a_kernel_without_flash_attention_is_refused(capsys):
                  "--attention-kernel", "triton"]) == 2  # fmt: skip
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
-    assert "attention_kernel" in err[0]
+    assert "attention_kernel='triton'" in err[0]

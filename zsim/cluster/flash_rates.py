@@ -57,7 +57,8 @@ def figure_tflops(family: str, kernel: str, causal: bool, head_dim: int, seq: in
     keys = [(family, kernel, causal, d) for d in HEAD_DIMS]
     if any(k not in FWD_BWD_TFLOPS for k in keys):
         kernels = sorted({k for f, k, _, _ in FWD_BWD_TFLOPS if f == family})
-        raise InputError("attention_kernel", kernel, f"one with a rate on {family}: {kernels}")
+        allowed = f"one with a rate on {family}: {', '.join(kernels)}"
+        raise InputError("attention_kernel", str(kernel), allowed)
     rows = [FWD_BWD_TFLOPS[k] for k in keys]
     x = min(max(math.log2(seq / SEQ_POINTS[0]), 0.0), len(SEQ_POINTS) - 1.0)
     i = min(int(x), len(SEQ_POINTS) - 2)
