@@ -79,7 +79,7 @@ def _tied(model: ModelSpec) -> bool:
 
 
 def _uniform_stage(layers: tuple[Layer, ...], stages: int, stage: int) -> list[Layer]:
-    blocks = [x for x in layers if x.kind in (LayerKind.BLOCK, LayerKind.LINEAR)]
+    blocks = [x for x in layers if x.kind in RECOMPUTED]
     first, last = uniform_bounds(len(blocks), stages, stage)
     chosen = list(blocks[first:last])
     if stage == 0:
@@ -97,7 +97,7 @@ def _weights(model: ModelSpec, layers: tuple[Layer, ...], split: StageSplit) -> 
         tied_head = embedding.params(split.tp) if embedding and _tied(model) else 0
         head = {LayerKind.HEAD: tied_head}
         return [x.params(split.tp) + head.get(x.kind, 0) for x in layers]
-    units = {LayerKind.BLOCK, LayerKind.LINEAR}
+    units = set(RECOMPUTED)  # the blocks (an MLP's layers)
     if split.method is PartitionMethod.TRANSFORMER_EMBEDDING:
         units |= {LayerKind.EMBEDDING, LayerKind.HEAD}
     return [int(x.kind in units) for x in layers]
