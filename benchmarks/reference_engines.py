@@ -10,6 +10,7 @@ from typing import Any
 from reference_measured import Skip
 
 from zsim.cluster.flash_rates import family_of
+from zsim.workload.eager import Elementwise
 from zsim.workload.model import AttentionKernel, ModelSpec
 from zsim.workload.parallel import DpEngine, PipelineEngine, ZeroKnobs, ZeroStage
 from zsim.workload.te_overlap import SmMargins, from_ub_cfgs
@@ -33,6 +34,24 @@ def triton_kernel(gpu: str) -> AttentionKernel:
     if family_of(gpu) != "a100":
         raise Skip(f"llm-foundry's Triton attention (attn_impl: triton) has no rate on {gpu}")
     return AttentionKernel.TRITON
+
+
+def elementwise(row: dict[str, str], fw: str) -> Elementwise:
+    """How the run's norms, RoPE and activations ran (zsim.workload.eager). torchtitan runs
+    eagerly unless its row names torch.compile (`compile = false` in its train configs): the
+    A100 tables' configs (395a526, 2024-04) set `norm_type = "fused_rmsnorm"` (a Triton
+    kernel), the H100 tables' (d4c86e3, 2025-01) `norm_type = "rmsnorm"` (eager PyTorch). The
+    other sources ran fused kernels (Megatron's, TE's; llm-foundry's MPT has no RoPE or gate)."""
+    if fw != "torchtitan" or "torch.compile" in row["system_framework"]:
+        return Elementwise.FUSED
+    if row["source_id"] == "torchtitan_perf_a100":
+        return Elementwise.EAGER_FUSED_NORM
+    return Elementwise.EAGER
+
+
+def kernels(row: dict[str, str], fw: str) -> dict[str, Any]:
+    """The attention and elementwise kernels the run's software ran."""
+    return {"flash_attention": flash(fw), "elementwise": elementwise(row, fw)}
 
 
 # TransformerEngine's SM margins under --tp-comm-overlap (zsim.workload.te_overlap), as each

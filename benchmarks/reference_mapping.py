@@ -11,7 +11,7 @@ from pathlib import Path
 
 from reference_engines import (
     engine_fields,
-    flash,
+    kernels,
     tp_overlap_sms,
     triton_kernel,
     zero_plus_plus,
@@ -342,7 +342,7 @@ def map_row(row: dict[str, str], file: str) -> Case:
             sequence_parallel=seq_par,
             pp_schedule=PipelineSchedule.INTERLEAVED if vpp > 1 else PipelineSchedule.ONE_F_ONE_B,
             virtual_stages=vpp,
-            flash_attention=flash(fw),
+            **kernels(row, fw),
             **engines,
         )
         check_split(model, parallel)

@@ -35,6 +35,23 @@ def _add_pipeline_flags(g: Any) -> None:
     )
 
 
+def _add_kernel_flags(g: Any) -> None:
+    g.add_argument("--flash-attention", action="store_true", default=None)
+    g.add_argument(
+        "--attention-kernel",
+        metavar="K",
+        help="the fused attention kernel: flash2 (default) or triton (flash-attn's Triton "
+        "kernel, llm-foundry's attn_impl: triton; A100 only)",
+    )
+    g.add_argument(
+        "--elementwise",
+        metavar="E",
+        help="a block's norms, RoPE, activation: fused (fused kernels or torch.compile, "
+        "default), eager (one kernel per PyTorch op, torchtitan without compile) or "
+        "eager-fused-norm (eager with a fused RMSNorm)",
+    )
+
+
 def add_parallel_flags(p: argparse.ArgumentParser, stage: bool = True) -> None:
     g = p.add_argument_group("layout and batch")
     g.add_argument("--ds-config", type=Path, help="a DeepSpeed ds_config.json to read")
@@ -55,13 +72,7 @@ def add_parallel_flags(p: argparse.ArgumentParser, stage: bool = True) -> None:
     )
     g.add_argument("--offload", help="none, optimizer or optimizer+params")
     g.add_argument("--sequence-parallel", action="store_true", default=None)
-    g.add_argument("--flash-attention", action="store_true", default=None)
-    g.add_argument(
-        "--attention-kernel",
-        metavar="K",
-        help="the fused attention kernel: flash2 (default) or triton (flash-attn's Triton "
-        "kernel, llm-foundry's attn_impl: triton; A100 only)",
-    )
+    _add_kernel_flags(g)
     _add_pipeline_flags(g)
     _add_megatron_flags(g)
     k = p.add_argument_group("DeepSpeed knobs (elements, as in ds_config)")

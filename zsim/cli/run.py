@@ -61,6 +61,7 @@ def _parallel_from(
             "sequence_parallel",
             "flash_attention",
             "attention_kernel",
+            "elementwise",
             "pp_schedule",
             "pipeline_engine",
             "pp_partition",

@@ -62,7 +62,7 @@ class ComputeRates:
             if self.flash_family and op.attention is not None:
                 scale = time_scale(self.flash_family, self.flash_anchor, op.attention)
             return self.gemm_overhead_s + op.flops * scale / self.attention_flops_per_s
-        return self.memory_overhead_s + op.bytes_moved / self.memory_bytes_per_s
+        return op.kernels * self.memory_overhead_s + op.bytes_moved / self.memory_bytes_per_s
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,8 @@ def _non_default(cfg: ParallelConfig) -> dict[str, Any]:
         out["async_tp_allreduce"] = False
     if not cfg.grad_accumulation_fusion:
         out["grad_accumulation_fusion"] = False
+    if cfg.elementwise.eager:
+        out["elementwise"] = str(cfg.elementwise)
     if cfg.without:
         out["without"] = sorted(str(m) for m in cfg.without)
     return out
@@ -280,6 +282,7 @@ def _run_header(r: dict[str, Any]) -> str:
         + "".join(f", {x.replace('_', ' ')}" for x in extras)
         + (f", ZeRO++ {p['zero_plus_plus']}" if p.get("zero_plus_plus") else "")
         + (f", {p['dp_engine']} DP" if p.get("dp_engine") else "")
+        + (f", {p['elementwise']} elementwise ops" if p.get("elementwise") else "")
         + "".join(f" {flag}" for flag in p.get("megatron_overlaps", []))
         + (" --no-async-tensor-model-parallel-allreduce" if "async_tp_allreduce" in p else "")
         + (" --no-gradient-accumulation-fusion" if "grad_accumulation_fusion" in p else "")

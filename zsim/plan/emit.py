@@ -51,6 +51,9 @@ def fsdp_config(cfg: Any) -> dict[str, Any]:
         "gradient_accumulation_steps": cfg.grad_accum,
         "global_batch": cfg.global_batch,
         "activation_checkpointing": _torchtitan_ac(cfg.recompute),
+        # torchtitan's [training] compile and [model] norm_type (zsim.workload.eager)
+        "compile": not cfg.elementwise.eager,
+        "norm_type": "rmsnorm" if cfg.elementwise.eager_norm else "fused_rmsnorm",
     }
 
 

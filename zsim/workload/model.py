@@ -84,6 +84,8 @@ class ComputeOp:
     gemm_batch: int = 1
     modules: tuple[str, ...] = ()  # submodules whose parameters it reads (ZeRO-3 gathers them)
     attention: AttentionShape | None = None  # a fused attention kernel's shape
+    kernels: int = 1  # launches (a bandwidth-bound op run eagerly takes several)
+    grad: tuple[float, int] | None = None  # its backward's bytes and kernels, where not 1.5x
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,7 @@ class ModelSpec:
     rmsnorm: bool = False  # RMSNorm (weight only) instead of LayerNorm (weight and bias)
     bias: bool = True
     learned_positions: bool = True
+    rotary: bool = False  # RoPE (Su et al. 2021) on q and k in every block
     dropout: bool = True
     params_override: int = 0
 

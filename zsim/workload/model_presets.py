@@ -41,6 +41,7 @@ def _llama(
         rmsnorm=True,
         bias=False,
         learned_positions=False,
+        rotary=True,
         dropout=False,
     )
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from zsim.errors import InputError, is_whole, positive_int, require
 from zsim.workload import zero_plus_plus as zpp
+from zsim.workload.eager import Elementwise
 from zsim.workload.mechanisms import Mechanism, parse_mechanisms
 from zsim.workload.model import AttentionKernel
 from zsim.workload.pipe_partition import Balancer, PartitionMethod
@@ -155,6 +156,8 @@ class ParallelConfig:
     flash_attention: bool = False
     # which fused kernel (with flash attention): its speed by shape is zsim.cluster.flash_rates
     attention_kernel: AttentionKernel = AttentionKernel.FLASH2
+    # a block's bandwidth-bound ops: fused kernels, or PyTorch's eager ops (zsim.workload.eager)
+    elementwise: Elementwise = Elementwise.FUSED
     knobs: ZeroKnobs = field(default_factory=ZeroKnobs)
     # DeepSpeed was given a model-parallel unit (Megatron-DeepSpeed always passes one; a plain
     # deepspeed.initialize does not); None: one exactly when tp > 1 or pp > 1
@@ -370,6 +373,7 @@ ENUM_FIELDS: dict[str, type[Any]] = {  # the fields given by name (a flag, a YAM
     "pp_schedule": PipelineSchedule,
     "pipeline_engine": PipelineEngine,
     "attention_kernel": AttentionKernel,
+    "elementwise": Elementwise,
     "pp_partition": PartitionMethod,
     "pp_balancer": Balancer,
     "dp_engine": DpEngine,

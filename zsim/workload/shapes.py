@@ -7,9 +7,13 @@ the tensors it saves for backward, from tensor shapes; the single home of these 
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from zsim.workload import eager
+from zsim.workload.eager import Elementwise
 from zsim.workload.model import (
     AttentionKernel,
     AttentionShape,
@@ -34,6 +38,7 @@ class Shard:
     flash_attention: bool = False
     dtype_bytes: int = 2
     attention_kernel: AttentionKernel = AttentionKernel.FLASH2
+    elementwise: Elementwise = Elementwise.FUSED
 
     @classmethod
     def of(cls, cfg: ParallelConfig) -> Shard:
@@ -45,6 +50,7 @@ class Shard:
             cfg.flash_attention,
             cfg.precision.bytes,
             cfg.attention_kernel,
+            cfg.elementwise,
         )
 
 
@@ -84,6 +90,11 @@ def backward_ops(forward: tuple[ComputeOp, ...]) -> tuple[ComputeOp, ...]:
                     flops=2.5 * op.flops,
                     bytes_moved=2.0 * op.bytes_moved,
                 )
+            )
+        elif op.grad is not None:  # an eager op's own backward kernels (zsim.workload.eager)
+            moved, kernels = op.grad
+            out.append(
+                replace(op, name=f"{op.name}_bwd", bytes_moved=moved, kernels=kernels, grad=None)
             )
         else:
             out.append(replace(op, name=f"{op.name}_bwd", bytes_moved=1.5 * op.bytes_moved))
@@ -149,6 +160,7 @@ class _Shapes:
         self.sp = shard.tp if shard.sequence_parallel else 1
         self.d = shard.dtype_bytes
         self.kernel = shard.attention_kernel
+        self.elementwise = shard.elementwise
 
     def gemm(
         self, name: str, m: int, n: int, k: int, batch: int = 1, module: str = ""
@@ -203,10 +215,8 @@ class _Shapes:
         qkv_out = (h + 2 * m.n_kv_heads * hd) // t
         fc1_out = f * (2 if m.gated_mlp else 1) // t
         sbh_rep = tok * h / self.sp  # replicated across TP unless sequence parallel
-        ops = [
-            self.memory("ln1", sbh_rep, module="ln1"),
-            self.gemm("qkv", tok, qkv_out, h, module="qkv"),
-        ]
+        ops = [self.norm("ln1", sbh_rep), self.gemm("qkv", tok, qkv_out, h, module="qkv")]
+        ops += self.rotary_and_repeat()
         if flash:
             ops.append(
                 ComputeOp(
@@ -227,13 +237,60 @@ class _Shapes:
         ops += [
             self.gemm("proj", tok, h, h // t, module="proj"),
             self.memory("residual1", sbh_rep, passes=4.0 if m.dropout else 3.0),
-            self.memory("ln2", sbh_rep, module="ln2"),
+            self.norm("ln2", sbh_rep),
             self.gemm("fc1", tok, fc1_out, h, module="fc1"),
-            self.memory("activation", tok * f / t, passes=3.0 if m.gated_mlp else 2.0),
+            *self.activation(tok * f / t),
             self.gemm("fc2", tok, h, f // t, module="fc2"),
             self.memory("residual2", sbh_rep, passes=4.0 if m.dropout else 3.0),
         ]
         return tuple(ops)
+
+    def eager_op(
+        self, name: str, elements: float, kernels: Callable[[int], eager.Kernels]
+    ) -> ComputeOp:
+        """A bandwidth-bound op with its own forward and backward kernels (zsim.workload.eager)."""
+        k = kernels(self.d)
+        grad = (elements * k.bwd_bytes, k.bwd_kernels)
+        return ComputeOp(
+            name, OpKind.MEMORY, 0.0, elements * k.fwd_bytes, kernels=k.fwd_kernels, grad=grad
+        )
+
+    def norm(self, name: str, elements: float) -> ComputeOp:
+        if self.elementwise.eager_norm and self.m.rmsnorm:
+            return replace(self.eager_op(name, elements, eager.rmsnorm), modules=modules_of(name))
+        return self.memory(name, elements, module=name)
+
+    def rotary_and_repeat(self) -> list[ComputeOp]:
+        """RoPE on q and k; run eagerly, grouped-query attention's copies of k and v, and the
+        sums of the gradients of the norm's output that reaches the separate wq, wk, wv."""
+        m, tok, t = self.m, self.tokens, self.tp
+        q, kv = tok * m.hidden / t, tok * m.n_kv_heads * m.head_dim / t
+        ops = []
+        for name, elements, heads in (("q", q, m.heads), ("k", kv, m.n_kv_heads)):
+            rows = self.b * heads // t  # the rows that share RoPE's frequency table
+            rope = functools.partial(eager.rope, rows=rows) if self.elementwise.eager else None
+            if m.rotary:
+                ops.append(self.eager_op(f"rope_{name}", elements, rope or eager.fused_rope))
+        if not self.elementwise.eager:
+            return ops
+        n_rep = m.heads // m.n_kv_heads
+        if n_rep > 1:
+            repeat = functools.partial(eager.repeat_kv, n_rep=n_rep)
+            ops += [self.eager_op(f"repeat_{x}", kv, repeat) for x in "kv"]
+        adds = functools.partial(eager.gradient_sum, fan_out=3)
+        ops.append(self.eager_op("qkv_input_grad_sum", tok * m.hidden / self.sp, adds))
+        return ops
+
+    def activation(self, elements: float) -> list[ComputeOp]:
+        """The MLP's activation; run eagerly, SwiGLU's two ops and the sum of the gradients of
+        the norm's output that reaches the separate w1 and w3."""
+        if self.elementwise.eager and self.m.gated_mlp:
+            adds = functools.partial(eager.gradient_sum, fan_out=2)
+            return [
+                self.eager_op("activation", elements, eager.swiglu),
+                self.eager_op("fc1_input_grad_sum", self.tokens * self.m.hidden / self.sp, adds),
+            ]
+        return [self.memory("activation", elements, passes=3.0 if self.m.gated_mlp else 2.0)]
 
     def sac_linears(self) -> list[tuple[str, int, int]]:
         """A torchtitan block's matmuls in call order, (name, out, in) on one rank: wq, wk, wv
