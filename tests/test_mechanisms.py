@@ -208,3 +208,18 @@ def test_zsim_run_takes_megatron_without_gradient_accumulation_fusion(capsys) ->
     assert unfused["parallel"]["grad_accumulation_fusion"] is False
     assert "grad_accumulation_fusion" not in fused["parallel"]
     assert unfused["step_time_s"] > fused["step_time_s"]  # three adds into .grad per stage
+
+
+def test_eager_ops_switched_off_are_the_fused_kernels():
+    """A consistency check of the switch (the eager counts themselves are checked against
+    PyTorch's kernels in test_eager_kernels.py): off, an eager job costs what the fused one
+    does; on, more, by its extra bytes at the preset's memory rate and its extra launches."""
+    from zsim.workload.eager import Elementwise
+
+    model = preset("llama-7b")
+    fused = ParallelConfig(dp=8, zero_stage=3, micro_batch=1, flash_attention=True)
+    eager = replace(fused, elementwise=Elementwise.EAGER)
+    device = presets.gpu("a100-80gb")
+    base = _step(model, fused, "1x8-dgx-a100", device)
+    assert _step(model, eager, "1x8-dgx-a100", device, Mechanism.EAGER_OPS) == base
+    assert _step(model, eager, "1x8-dgx-a100", device) > 1.05 * base

@@ -23,6 +23,7 @@ class Mechanism(StrEnum):
     GATHER_COPY_OUT = "gather-copy-out"
     ENGINE_HOST = "engine-host"
     TE_SM_MARGINS = "te-sm-margins"
+    EAGER_OPS = "eager-ops"
 
 
 MECHANISMS: dict[Mechanism, str] = {
@@ -49,6 +50,8 @@ MECHANISMS: dict[Mechanism, str] = {
     "by zsim calibrate (off: none)",
     Mechanism.TE_SM_MARGINS: "TransformerEngine's --tp-comm-overlap GEMMs on the SMs its "
     "communication kernels leave them (set_sm_margin; off: every SM)",
+    Mechanism.EAGER_OPS: "a block's norms, RoPE and activation one kernel per PyTorch op where "
+    "the job runs them eagerly, zsim.workload.eager (off: fused kernels)",
 }
 
 

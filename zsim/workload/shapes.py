@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 from zsim.workload import eager
 from zsim.workload.eager import Elementwise
+from zsim.workload.mechanisms import Mechanism
 from zsim.workload.model import (
     AttentionKernel,
     AttentionShape,
@@ -50,7 +51,7 @@ class Shard:
             cfg.flash_attention,
             cfg.precision.bytes,
             cfg.attention_kernel,
-            cfg.elementwise,
+            cfg.elementwise if cfg.models(Mechanism.EAGER_OPS) else Elementwise.FUSED,
         )
 
 
