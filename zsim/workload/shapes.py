@@ -84,12 +84,14 @@ def backward_ops(forward: tuple[ComputeOp, ...]) -> tuple[ComputeOp, ...]:
             out.append(replace(op, name=f"{op.name}_dgrad", gemm_shape=(m, k, n)))
             out.append(replace(op, name=f"{op.name}_wgrad", gemm_shape=(k, n, m)))
         elif op.kind is OpKind.ATTENTION:
+            shape = op.attention and replace(op.attention, backward=True)
             out.append(
                 replace(
                     op,
                     name=f"{op.name}_bwd",
                     flops=2.5 * op.flops,
                     bytes_moved=2.0 * op.bytes_moved,
+                    attention=shape,
                 )
             )
         elif op.grad is not None:  # an eager op's own backward kernels (zsim.workload.eager)
