@@ -29,7 +29,17 @@ from pathlib import Path
 from typing import Any
 
 from reference_ablation import ablation_table, plot
-from reference_mapping import CSV_OUT, FILES, MD_OUT, REFERENCE, RESULTS, Case, Skip, map_row
+from reference_mapping import (
+    CSV_OUT,
+    FILES,
+    MD_OUT,
+    REFERENCE,
+    RESULTS,
+    Case,
+    Skip,
+    gpu_profile,
+    map_row,
+)
 from reference_report import COLUMNS, load_results, tables, write_md
 from results_md import write_block, write_csv
 
@@ -124,7 +134,7 @@ def run_case(
         if protocol is not None:
             topo = replace(topo, fabric=replace(topo.fabric, protocol=protocol), memo={})
         cfg = replace(case.parallel, without=without)
-        report = simulate(case.model, cfg, topo, presets.gpu(case.gpu))
+        report = simulate(case.model, cfg, topo, gpu_profile(case.gpu))
     except Exception as exc:  # a scenario zsim cannot run is a finding, recorded as such
         return outcome(case, None, f"zsim failed: {type(exc).__name__}: {exc}", start)
     return outcome(case, report, "", start)

@@ -18,7 +18,9 @@ from reference_engines import (
 )
 from reference_measured import Skip, integer, measured, text
 
+from zsim.cluster.device import DeviceProfile
 from zsim.errors import InputError
+from zsim.inputs import presets
 from zsim.workload.layout import check_split, stage_blocks
 from zsim.workload.model import ModelSpec
 from zsim.workload.model_presets import preset, with_overrides
@@ -288,6 +290,12 @@ def a100_preset(row: dict[str, str], assumed: list[str]) -> str:
     return "a100-80gb"
 
 
+def gpu_profile(gpu: str) -> DeviceProfile:
+    """A GPU preset, or a card only the benchmark knows (its spec under benchmarks/reference/)."""
+    own = REFERENCE / f"{gpu}.yaml"
+    return presets.gpu(str(own) if own.is_file() else gpu)
+
+
 def cluster(row: dict[str, str], notes: list[str], assumed: list[str]) -> tuple[str, int, str]:
     """(fabric preset or YAML, GPUs per node, GPU preset) closest to the row's cluster."""
     gpu_type, net = text(row, "gpu_type"), text(row, "node_interconnect")
@@ -301,9 +309,9 @@ def cluster(row: dict[str, str], notes: list[str], assumed: list[str]) -> tuple[
             notes.append("network as DGX A100 8x200 Gb/s IB")
         return "dgx-a100", 8, gpu
     if "h100" in gpu_type:
-        if "grand teton" in net:
-            notes.append("H100 96GB HBM2e 500W run on the H100 SXM preset")
-            return "roce", 8, "h100-sxm"
+        if "grand teton" in net:  # the card as torchtitan's docs state it
+            notes.append("H100 96GB HBM2e at 2.4 TB/s; its 500 W limit not modelled")
+            return "roce", 8, "h100-hbm2e-500w"
         if "eos" not in net:
             notes.append("network as DGX H100 8x400 Gb/s IB")
         return "dgx-h100", 8, "h100-sxm"

@@ -15,7 +15,7 @@ from zsim.inputs import presets
 from zsim.workload.model import AttentionShape, OpKind
 from zsim.workload.model_presets import preset
 from zsim.workload.parallel import ParallelConfig
-from zsim.workload.shapes import Shard, forward_ops
+from zsim.workload.shapes import Shard, backward_ops, forward_ops
 
 
 @pytest.mark.parametrize(
@@ -76,3 +76,43 @@ def test_a_kernel_without_flash_attention_is_refused(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
     assert "attention_kernel='triton'" in err[0]
+
+
+# The FlashAttention-3 paper's forward figure (flash-attention `assets/flash3_fp16_fwd.png`,
+# H100 80GB SXM5): FlashAttention-2's forward-only TFLOP/s; with the README's forward +
+# backward figure (figure 5) at the same shapes.
+@pytest.mark.parametrize(
+    ("causal", "head_dim", "seq", "forward", "both"),
+    [
+        (False, 64, 512, 282, 215),
+        (False, 128, 4096, 368, 326),
+        (True, 64, 16384, 299, 284),
+        (True, 128, 2048, 298, 265),
+    ],
+)
+def test_on_h100_each_pass_takes_its_own_figures_rate(causal, head_dim, seq, forward, both):
+    """The forward at the forward figure's rate; forward and backward together at the
+    forward + backward figure's (so the backward runs at what the two leave); 4 FLOPs per
+    query, key and head dim forward, 2.5x that backward."""
+    fwd = AttentionShape(seq, head_dim, causal)
+    bwd = AttentionShape(seq, head_dim, causal, backward=True)
+    anchor = figure_tflops("h100", "flash2", False, 128, 8192)  # the preset's shape: 335
+    half = 0.5 if causal else 1.0
+    assert time_scale("h100", (128, 8192), fwd) == pytest.approx(half * anchor / forward)
+    together = time_scale("h100", (128, 8192), fwd) + 2.5 * time_scale("h100", (128, 8192), bwd)
+    assert together == pytest.approx(3.5 * half * anchor / both)
+
+
+def test_without_a_forward_figure_both_passes_take_the_combined_rate():
+    """The A100 (and the Triton kernel): no forward-only figure in reach."""
+    fwd = AttentionShape(4096, 128, True)
+    bwd = AttentionShape(4096, 128, True, backward=True)
+    assert time_scale("a100", (64, 8192), fwd) == time_scale("a100", (64, 8192), bwd)
+
+
+def test_a_backward_pass_carries_its_shape_as_a_backward():
+    model = preset("llama-7b")
+    ops = forward_ops(model, model.layer_list()[1], Shard(1, flash_attention=True))
+    (bwd,) = (op for op in backward_ops(ops) if op.kind is OpKind.ATTENTION)
+    assert bwd.attention is not None
+    assert bwd.attention.backward

@@ -2,15 +2,19 @@
 hardware TFLOP/s disagree through its source's own formula is skipped, not compared."""
 
 import csv
+import json
 import sys
 from pathlib import Path
 
 import pytest
 
+from zsim.cli import main
+from zsim.inputs import presets
+
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
-from reference_mapping import FILES, REFERENCE, Skip, map_row  # noqa: E402
+from reference_mapping import FILES, REFERENCE, Skip, gpu_profile, map_row  # noqa: E402
 
 BLOOM = FILES["bloom"]
 
@@ -166,3 +170,30 @@ def test_mosaicml_rows_run_llm_foundrys_triton_attention_where_it_has_a_rate():
     assert str(a100.parallel.attention_kernel) == "triton"
     with pytest.raises(Skip, match="Triton"):
         map_row(rows["training_fsdp-021"], FILES["fsdp"])
+
+
+def test_the_grand_teton_h100_is_the_card_torchtitans_docs_state():
+    """torchtitan's docs/performance.md: "96GB HBM2e with 2.4 TB/sec peak memory bandwidth";
+    the H100 SXM5 datasheet 80 GB at 3.35 TB/s. Same die: the same compute rates (the 500 W
+    limit is not modelled), memory at the same fitted fraction of its peak."""
+    card, sxm = gpu_profile("h100-hbm2e-500w"), presets.gpu("h100-sxm")
+    assert card.memory_bytes == 96 * 2**30
+    card_rates, sxm_rates = card.rates["bf16"], sxm.rates["bf16"]
+    assert card_rates.memory_bytes_per_s / sxm_rates.memory_bytes_per_s == pytest.approx(
+        2400 / 3350
+    )
+    assert card_rates.gemm_flops_per_s == sxm_rates.gemm_flops_per_s
+
+
+def test_a_gpu_spec_file_is_read_and_a_bad_one_named(tmp_path, capsys):
+    spec = tmp_path / "my-gpu.yaml"
+    spec.write_text((REFERENCE / "h100-hbm2e-500w.yaml").read_text().replace("2400", "2000"))
+    assert main(["run", "--model", "gpt-350m", "--gpu", str(spec), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["device"] == "h100-hbm2e-500w"
+    bad = tmp_path / "bad-gpu.yaml"
+    bad.write_text("name: x\nefficiency_from: b200\n")
+    assert main(["run", "--gpu", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "efficiency_from" in err
+    assert "h100-sxm" in err
+    assert main(["run", "--gpu", str(tmp_path / "none.yaml")]) == 2

@@ -220,7 +220,7 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--topology", help="NxG-fabric or a cluster YAML file")
     p.add_argument("--global-batch", metavar="N", help="train_batch_size")
     p.add_argument("--seq-len", metavar="N", help="override the model's sequence length")
-    p.add_argument("--gpu", help="GPU preset, instead of the topology's")
+    p.add_argument("--gpu", help="GPU preset or a GPU spec YAML, instead of the topology's")
     p.add_argument("--profile", type=Path, help="a calibrated profile (zsim calibrate)")
     p.add_argument("--objective", help="throughput (default) or memory")
     p.add_argument("--top", metavar="K", help="layouts to show (default 5)")

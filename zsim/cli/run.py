@@ -263,7 +263,9 @@ def add_commands(sub: Any) -> None:
     )
     add_model_flags(run)
     add_parallel_flags(run)
-    run.add_argument("--gpu", help="GPU preset, instead of the topology's (see `zsim gpus`)")
+    run.add_argument(
+        "--gpu", help="GPU preset (see `zsim gpus`) or a GPU spec YAML, instead of the topology's"
+    )
     run.add_argument("--profile", type=Path, help="a calibrated profile (zsim calibrate)")
     run.add_argument("--full", action="store_true", help="simulate every rank, not one per stage")
     run.add_argument(

@@ -27,12 +27,16 @@ def gpu_names() -> list[str]:
 
 @cache
 def gpu(name: str) -> DeviceProfile:
-    """A built-in GPU profile by name (e.g. `a100-80gb`)."""
-    name = choose("gpu", name, gpu_names())
-    spec = load_mapping(_gpu_dir() / f"{name}.yaml", "gpu")
+    """A built-in GPU profile by name (e.g. `a100-80gb`), or a GPU spec file written as the
+    built-ins are (`zsim/data/calibration/presets/*.yaml`), its `efficiency_from` a built-in."""
+    if Path(name).suffix in (".yaml", ".yml"):
+        spec = load_mapping(Path(name), "gpu")
+    else:
+        spec = load_mapping(_gpu_dir() / f"{choose('gpu', name, gpu_names())}.yaml", "gpu")
     measured_on = None
     if "efficiency_from" in spec:
-        measured_on = load_mapping(_gpu_dir() / f"{spec['efficiency_from']}.yaml", "gpu")
+        source = choose("efficiency_from", str(spec["efficiency_from"]), gpu_names())
+        measured_on = load_mapping(_gpu_dir() / f"{source}.yaml", "gpu")
     reference = load_csv(data_dir("calibration") / "reference" / "microbenchmarks_gemm_hbm.csv")
     return profile_from_spec(spec, reference, measured_on)
 

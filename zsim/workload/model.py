@@ -70,6 +70,7 @@ class AttentionShape:
     head_dim: int
     causal: bool = True
     kernel: AttentionKernel = AttentionKernel.FLASH2
+    backward: bool = False  # the backward pass (2.5x the forward's FLOPs)
 
 
 @dataclass(frozen=True)

@@ -84,12 +84,14 @@ def backward_ops(forward: tuple[ComputeOp, ...]) -> tuple[ComputeOp, ...]:
             out.append(replace(op, name=f"{op.name}_dgrad", gemm_shape=(m, k, n)))
             out.append(replace(op, name=f"{op.name}_wgrad", gemm_shape=(k, n, m)))
         elif op.kind is OpKind.ATTENTION:
+            shape = op.attention and replace(op.attention, backward=True)
             out.append(
                 replace(
                     op,
                     name=f"{op.name}_bwd",
                     flops=2.5 * op.flops,
                     bytes_moved=2.0 * op.bytes_moved,
+                    attention=shape,
                 )
             )
         elif op.grad is not None:  # an eager op's own backward kernels (zsim.workload.eager)
@@ -257,6 +259,7 @@ class _Shapes:
         )
 
     def norm(self, name: str, elements: float) -> ComputeOp:
+        """A norm; run eagerly, torchtitan's RMSNorm (PyTorch's LayerNorm is one kernel)."""
         if self.elementwise.eager_norm and self.m.rmsnorm:
             return replace(self.eager_op(name, elements, eager.rmsnorm), modules=modules_of(name))
         return self.memory(name, elements, module=name)
@@ -267,11 +270,12 @@ class _Shapes:
         m, tok, t = self.m, self.tokens, self.tp
         q, kv = tok * m.hidden / t, tok * m.n_kv_heads * m.head_dim / t
         ops = []
-        for name, elements, heads in (("q", q, m.heads), ("k", kv, m.n_kv_heads)):
-            rows = self.b * heads // t  # the rows that share RoPE's frequency table
-            rope = functools.partial(eager.rope, rows=rows) if self.elementwise.eager else None
-            if m.rotary:
-                ops.append(self.eager_op(f"rope_{name}", elements, rope or eager.fused_rope))
+        rotated = (("q", q, m.heads), ("k", kv, m.n_kv_heads)) if m.rotary else ()
+        for name, elements, heads in rotated:
+            rows = max(1, self.b * heads // t)  # the rows that share RoPE's frequency table
+            one_by_one = functools.partial(eager.rope, rows=rows)
+            kernels = one_by_one if self.elementwise.eager else eager.fused_rope
+            ops.append(self.eager_op(f"rope_{name}", elements, kernels))
         if not self.elementwise.eager:
             return ops
         n_rep = m.heads // m.n_kv_heads
