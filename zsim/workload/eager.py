@@ -8,7 +8,7 @@ on, and how many kernels that takes, forward and backward: the ops the source ca
 fed to separate linears) and the kernels autograd runs for their backward (PyTorch's
 derivative formulas). `tests/test_eager_kernels.py` runs the same ops under a dispatch mode
 that counts every kernel's tensors and checks these numbers against it, in bf16 and fp32.
-Tensors that do not scale with the tokens (a norm's weight, RoPE's frequencies) are left out.
+A norm's weight, which does not scale with the tokens, is left out.
 The attention output's `.transpose(1, 2).contiguous()` copies nothing: SDPA's flash kernel
 returns a transposed view of a (batch, seq, heads, head_dim) buffer.
 """
