@@ -64,3 +64,20 @@ def test_an_fsdp_winner_is_emitted_as_fully_shards_arguments(capsys, tmp_path):
     batch = config["micro_batch"] * config["gradient_accumulation_steps"] * 8
     assert batch == config["global_batch"] == 32
     assert "--fsdp-config fsdp.json" in (tmp_path / "launch.sh").read_text()
+
+
+def test_an_eager_job_is_planned_eager_and_emitted_uncompiled(capsys, tmp_path):
+    """`--elementwise eager` plans torchtitan without torch.compile: every layout it ranks
+    costs its eager ops (the same layouts planned fused are cheaper), and `fsdp.json` says
+    `compile: false` with the eager `rmsnorm` (its train configs' keys)."""
+    argv = "--model llama-7b --topology 1x8-dgx-a100 --global-batch 16 --simulate 1 --tp 1"
+    argv += " --engine fsdp --stage 3 --json"
+    plans = {}
+    for mode in ("fused", "eager"):
+        out = tmp_path / mode
+        assert main(["plan", *argv.split(), "--elementwise", mode, "--emit", str(out)]) == 0
+        plans[mode] = json.loads(capsys.readouterr().out)["ranked"][0]
+        emitted = json.loads((out / "fsdp.json").read_text())
+        assert emitted["compile"] is (mode == "fused")
+        assert emitted["norm_type"] == ("rmsnorm" if mode == "eager" else "fused_rmsnorm")
+    assert plans["eager"]["step_s"] > plans["fused"]["step_s"]

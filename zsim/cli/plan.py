@@ -25,6 +25,7 @@ from zsim.outputs import render
 from zsim.plan import advice, emit
 from zsim.plan.planner import Objective, Plan, plan
 from zsim.plan.space import Space
+from zsim.workload.eager import Elementwise
 from zsim.workload.parallel import DpEngine, Precision, ZeroStage
 
 EXIT_NOTHING_FITS = 1
@@ -48,6 +49,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         pps=_ints("pp", args.pp, None),
         precision=precision,
         flash_attention=not args.no_flash_attention,
+        elementwise=parse_choice("elementwise", args.elementwise, Elementwise) or Elementwise.FUSED,
         engines=_engines(args.engine),
     )
     simulate_top = 0 if args.simulate is None else _count("simulate", args.simulate)
@@ -230,6 +232,12 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--pp", metavar="LIST", help="only these pipeline depths")
     p.add_argument("--stage", metavar="LIST", help="only these ZeRO stages, e.g. 2,3")
     p.add_argument("--no-flash-attention", action="store_true")
+    p.add_argument(
+        "--elementwise",
+        metavar="E",
+        help="fused (default), eager or eager-fused-norm: the job's norms, RoPE, activation "
+        "(as `zsim run --elementwise`)",
+    )
     p.add_argument(
         "--engine",
         metavar="LIST",

@@ -393,4 +393,5 @@ def _kernel_key(c: ParallelConfig) -> tuple[object, ...]:
     """What a layer's pass time depends on."""
     tensor_parallel = (c.tp, c.sequence_parallel, c.async_tp_allreduce)
     overlap = (c.tp_comm_overlap, c.tp_overlap_sms)
-    return (*tensor_parallel, *overlap, c.micro_batch, c.recompute, c.flash_attention, c.precision)
+    kernels = (c.flash_attention, c.attention_kernel, c.elementwise)
+    return (*tensor_parallel, *overlap, c.micro_batch, c.recompute, *kernels, c.precision)

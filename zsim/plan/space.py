@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 
 from zsim.errors import InputError
 from zsim.inputs.scenario import check_layout
+from zsim.workload.eager import Elementwise
 from zsim.workload.model import ModelKind, ModelSpec
 from zsim.workload.parallel import (
     DpEngine,
@@ -45,6 +46,8 @@ class Space:
     max_micro_batch: int = 16
     precision: Precision = Precision.BF16
     flash_attention: bool = True
+    # how the job's framework runs a block's norms, RoPE and activation (zsim.workload.eager)
+    elementwise: Elementwise = Elementwise.FUSED
     zero_plus_plus: bool = True  # ZeRO-3 with ZeRO++'s hpZ and qwZ too
     # whose data parallelism: DeepSpeed's (and Megatron's pipelines); PyTorch FSDP2's (ZeRO-3's
     # layouts as FSDP runs them: full, grad-op, hybrid) on request, until its closed form and
@@ -174,6 +177,7 @@ def _valid(
             sequence_parallel=sequence_parallel,
             precision=space.precision,
             flash_attention=space.flash_attention and model.kind is ModelKind.TRANSFORMER,
+            elementwise=space.elementwise,
         )
         check_layout(model, cfg)
     except InputError:

@@ -30,7 +30,8 @@ from zsim.errors import InputError, require
 LAYOUT_KEYS = (
     "stage", "tp", "pp", "micro_batch", "grad_accum", "global_batch", "precision", "recompute",
     "offload", "pp_schedule", "pipeline_engine", "virtual_stages", "sequence_parallel",
-    "flash_attention", "overlap_comm", "reduce_bucket_size", "prefetch_bucket_size",
+    "flash_attention", "attention_kernel", "elementwise", "overlap_comm", "reduce_bucket_size",
+    "prefetch_bucket_size",
 )  # fmt: skip
 PLAN_KEYS = ("global_batch", "seq_len", "objective")
 SPEC_KEYS = ("models", "topologies", "gpu", "mode", "layouts")
