@@ -197,3 +197,7 @@ def test_a_gpu_spec_file_is_read_and_a_bad_one_named(tmp_path, capsys):
     assert "efficiency_from" in err
     assert "h100-sxm" in err
     assert main(["run", "--gpu", str(tmp_path / "none.yaml")]) == 2
+    short = tmp_path / "short-gpu.yaml"
+    short.write_text("name: x\npeak_TFLOPS: {bf16: 100}\nhbm_GBps: 1000\nmemory_GiB: 10\n")
+    assert main(["run", "--gpu", str(short)]) == 2  # neither measured rows nor a donor
+    assert "gpu.efficiency_from" in capsys.readouterr().err

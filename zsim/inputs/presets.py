@@ -7,6 +7,7 @@ import re
 from dataclasses import replace
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from zsim.cluster.device import DeviceProfile
 from zsim.cluster.fabric import FabricSpec, fabric_from_mapping
@@ -29,8 +30,8 @@ def gpu_names() -> list[str]:
 def gpu(name: str) -> DeviceProfile:
     """A built-in GPU profile by name (e.g. `a100-80gb`), or a GPU spec file written as the
     built-ins are (`zsim/data/calibration/presets/*.yaml`), its `efficiency_from` a built-in."""
-    if Path(name).suffix in (".yaml", ".yml"):
-        spec = load_mapping(Path(name), "gpu")
+    if Path(name).suffix in (".yaml", ".yml", ".json"):
+        spec = _gpu_file(Path(name))
     else:
         spec = load_mapping(_gpu_dir() / f"{choose('gpu', name, gpu_names())}.yaml", "gpu")
     measured_on = None
@@ -39,6 +40,19 @@ def gpu(name: str) -> DeviceProfile:
         measured_on = load_mapping(_gpu_dir() / f"{source}.yaml", "gpu")
     reference = load_csv(data_dir("calibration") / "reference" / "microbenchmarks_gemm_hbm.csv")
     return profile_from_spec(spec, reference, measured_on)
+
+
+GPU_FILE_KEYS = ("name", "memory_GiB", "peak_TFLOPS", "hbm_GBps")
+
+
+def _gpu_file(path: Path) -> dict[str, Any]:
+    """A GPU spec file with the keys a profile is built from."""
+    spec = load_mapping(path, "gpu")
+    for key in GPU_FILE_KEYS:
+        require(key in spec, f"gpu.{key}", None, f"a value in {path} (as the built-in presets)")
+    allowed = "a built-in preset whose measured rows it borrows: " + ", ".join(gpu_names())
+    require("efficiency_from" in spec or "match" in spec, "gpu.efficiency_from", None, allowed)
+    return spec
 
 
 # ---- topologies: fabric presets and the NxG-fabric names ---------------------------------
