@@ -191,7 +191,7 @@ def test_a_gpu_spec_file_is_read_and_a_bad_one_named(tmp_path, capsys):
     assert main(["run", "--model", "gpt-350m", "--gpu", str(spec), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["device"] == "h100-hbm2e-500w"
     bad = tmp_path / "bad-gpu.yaml"
-    bad.write_text("name: x\nefficiency_from: b200\n")
+    bad.write_text(spec.read_text().replace("efficiency_from: h100-sxm", "efficiency_from: b200"))
     assert main(["run", "--gpu", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "efficiency_from" in err
