@@ -202,3 +202,25 @@ def test_an_unknown_elementwise_value_is_one_line() -> None:
     assert "elementwise" in run.stderr
     assert "fused, eager, eager-fused-norm" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize("op", ["layernorm", "gelu"])
+def test_a_gpt2_blocks_norm_and_activation_are_one_kernel_each_way(op: str) -> None:
+    """PyTorch's LayerNorm and GELU are single kernels, so a GPT-2-style block (LayerNorm,
+    GELU, one fused qkv linear, no RoPE) costs the same eager or fused: 2 passes forward and
+    1.5x that backward, as zsim charges a fused kernel."""
+    norm = torch.nn.LayerNorm(HIDDEN, dtype=torch.bfloat16)
+    fn = {"layernorm": norm, "gelu": F.gelu}[op]
+    fwd, bwd = _count(fn, (B, S, HIDDEN), dtype=torch.bfloat16)
+    elements = B * S * HIDDEN
+    assert len(fwd.kernels) == 1
+    # beyond zsim's passes: the row statistics, the weight's and bias's gradients (about 1 %)
+    assert sum(b for _, b in fwd.kernels) / elements == pytest.approx(2 * 2, rel=0.02)
+    assert sum(b for _, b in bwd.kernels) / elements == pytest.approx(1.5 * 2 * 2, rel=0.02)
+    model = with_overrides(preset("gpt-350m"), layers=1)
+    block = next(layer for layer in model.layer_list() if layer.kind is LayerKind.BLOCK)
+    eager_ops, fused_ops = (
+        forward_ops(model, block, Shard(1, flash_attention=True, elementwise=e))
+        for e in (Elementwise.EAGER, Elementwise.FUSED)
+    )
+    assert eager_ops == fused_ops

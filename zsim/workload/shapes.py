@@ -282,8 +282,9 @@ class _Shapes:
         if n_rep > 1:
             repeat = functools.partial(eager.repeat_kv, n_rep=n_rep)
             ops += [self.eager_op(f"repeat_{x}", kv, repeat) for x in "kv"]
-        adds = functools.partial(eager.gradient_sum, fan_out=3)
-        ops.append(self.eager_op("qkv_input_grad_sum", tok * m.hidden / self.sp, adds))
+        if m.rotary:  # the Llama family's separate wq, wk, wv (GPT-2 style: one c_attn)
+            adds = functools.partial(eager.gradient_sum, fan_out=3)
+            ops.append(self.eager_op("qkv_input_grad_sum", tok * m.hidden / self.sp, adds))
         return ops
 
     def activation(self, elements: float) -> list[ComputeOp]:
