@@ -164,8 +164,9 @@ def zero_stage(row: dict[str, str], fw: str, assumed: list[str]) -> ZeroStage:
 
 def recompute(row: dict[str, str], fw: str, assumed: list[str]) -> Recompute:
     r = text(row, "activation_recompute")
-    if r.startswith("selective layer"):
-        raise Skip("per-layer selective checkpointing (every n-th block) is not modelled")
+    if r.startswith("selective layer"):  # its layer AC; the period is not in the tables
+        assumed.append("every 2nd block checkpointed (torchtitan's selective_ac_option default)")
+        return Recompute.SELECTIVE_LAYER
     if r.startswith(("full", "yes")):
         return Recompute.FULL
     if fw == "torchtitan" and r.startswith("selective"):  # its op-level AC (every 2nd mm)

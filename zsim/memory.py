@@ -14,12 +14,14 @@ FSDP's ledger (fp32 shards, unsharded units) is `zsim.step.fsdp`'s.
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass, fields, replace
 
 from zsim.cluster.device import DeviceProfile
 from zsim.step import fsdp, megatron_dp, zero3
 from zsim.workload.layout import (
     DEFAULT_SPLIT,
+    LAYER_AC_EVERY,
     RECOMPUTED,
     StageSplit,
     rank_layers,
@@ -177,19 +179,29 @@ def activation_bytes(model: ModelSpec, cfg: ParallelConfig, pipeline_stage: int 
     if pipeline_stage == cfg.pp - 1:
         loss = loss_saved_bytes(model, cfg.micro_batch, cfg.precision.bytes)
         per_layer.append((LayerKind.HEAD, loss))  # kept under full recompute too
-    replayed = {Recompute.FULL: RECOMPUTED, Recompute.SELECTIVE_OP: (LayerKind.BLOCK,)}
-    if cfg.recompute in replayed:  # each replayed layer keeps what its checkpoint saves
-        kinds = replayed[cfg.recompute]
-        full = cfg.recompute is Recompute.FULL
+    replays = _replayed(per_layer, cfg.recompute)
+    if any(replays):  # each replayed layer keeps what its checkpoint saves
+        full = cfg.recompute is not Recompute.SELECTIVE_OP
         kept = layer_input_bytes(model, shard) if full else sac_kept_bytes(model, shard)
-        recomputable = [b for k, b in per_layer if k in kinds]
-        others = sum(b for k, b in per_layer if k not in kinds)
+        recomputable = [b for (_, b), r in zip(per_layer, replays, strict=True) if r]
+        others = sum(b for (_, b), r in zip(per_layer, replays, strict=True) if not r)
         stored = kept * len(recomputable) + others
         # during backward one layer is replayed and its full activations exist at once
         working = max(recomputable, default=0.0)
         in_flight = in_flight_micro_batches(cfg, pipeline_stage)
         return stored * in_flight + working
     return sum(b for _, b in per_layer) * in_flight_micro_batches(cfg, pipeline_stage)
+
+
+def _replayed(per_layer: list[tuple[LayerKind, float]], recompute: Recompute) -> list[bool]:
+    """Which of a stage's layers backward replays: full recompute every block (and an MLP's
+    layers), torchtitan's op-level AC every block, its layer AC every LAYER_AC_EVERY-th block
+    counted from 1 (`layout.layer_ac_blocks`; one pipeline stage, so in model order)."""
+    if recompute is Recompute.SELECTIVE_LAYER:
+        count = itertools.count(1)
+        return [k is LayerKind.BLOCK and next(count) % LAYER_AC_EVERY == 0 for k, _ in per_layer]
+    kinds = {Recompute.FULL: RECOMPUTED, Recompute.SELECTIVE_OP: (LayerKind.BLOCK,)}
+    return [k in kinds.get(recompute, ()) for k, _ in per_layer]
 
 
 @functools.lru_cache(maxsize=8192)  # a planner's layouts share few (split, shard) pairs

@@ -24,10 +24,11 @@ from zsim.step.fixed_tp import tp_fixed_time
 from zsim.step.fold import find_fold, fold_result, fold_times, short_config
 from zsim.step.spans import EngineResult, Fold, FusedPass, Span
 from zsim.step.trace import RankTimes, rank_times, rank_times_and_window
+from zsim.workload.layout import layer_ac_blocks
 from zsim.workload.mechanisms import Mechanism
 from zsim.workload.model import ModelSpec
 from zsim.workload.parallel import ParallelConfig, Recompute
-from zsim.workload.shapes import Shard, forward_flops, sac_replay
+from zsim.workload.shapes import Shard, forward_flops, forward_ops, sac_replay
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,10 @@ def step_flops(model: ModelSpec, cfg: ParallelConfig) -> tuple[float, float]:
     if cfg.recompute is Recompute.SELECTIVE_OP:  # the replayed matmuls of every block
         per_block = sum(op.flops for op in sac_replay(model, Shard(cfg.micro_batch)))
         replay = per_block * model.layers * cfg.grad_accum * cfg.dp
+    if cfg.recompute is Recompute.SELECTIVE_LAYER:  # the forward of every checkpointed block
+        shard = Shard(cfg.micro_batch)
+        ops = [op for b in layer_ac_blocks(model) for op in forward_ops(model, b, shard)]
+        replay = sum(op.flops for op in ops) * cfg.grad_accum * cfg.dp
     return 3 * forward, 3 * forward + replay
 
 

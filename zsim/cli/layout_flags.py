@@ -68,7 +68,9 @@ def add_parallel_flags(p: argparse.ArgumentParser, stage: bool = True) -> None:
         g.add_argument("--stage", help="ZeRO stage 0-3")
     g.add_argument("--precision", help="fp16, bf16 or fp32 (default fp16)")
     g.add_argument(
-        "--recompute", help="none, selective, selective-op (torchtitan's op-level AC) or full"
+        "--recompute",
+        help="none, selective, selective-op (torchtitan's op-level AC), selective-layer "
+        "(its layer AC: every 2nd block full) or full",
     )
     g.add_argument("--offload", help="none, optimizer or optimizer+params")
     g.add_argument("--sequence-parallel", action="store_true", default=None)

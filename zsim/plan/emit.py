@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from zsim.workload.ds_config import to_ds_config
+from zsim.workload.layout import LAYER_AC_EVERY
 from zsim.workload.model import ModelKind, ModelSpec
 from zsim.workload.parallel import DpEngine, PipelineEngine, PipelineSchedule, Recompute
 from zsim.workload.sharding import FsdpSharding
@@ -58,9 +59,12 @@ def fsdp_config(cfg: Any) -> dict[str, Any]:
 
 
 def _torchtitan_ac(recompute: Recompute) -> Any:
-    """torchtitan's [activation_checkpoint] section for op-level AC; the mode's name else."""
+    """torchtitan's [activation_checkpoint] section for its op- and layer-level AC; the
+    mode's name else."""
     if recompute is Recompute.SELECTIVE_OP:
         return {"mode": "selective", "selective_ac_option": "op"}
+    if recompute is Recompute.SELECTIVE_LAYER:
+        return {"mode": "selective", "selective_ac_option": str(LAYER_AC_EVERY)}
     return str(recompute)
 
 

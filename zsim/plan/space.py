@@ -40,8 +40,10 @@ class Space:
     tps: tuple[int, ...] | None = None  # None: every width within a node
     pps: tuple[int, ...] | None = None  # None: every depth
     offloads: tuple[Offload, ...] = tuple(Offload)
-    # torchtitan's op-level AC only where asked (a job's own mode, not one zsim searches yet)
-    recomputes: tuple[Recompute, ...] = tuple(r for r in Recompute if r != "selective-op")
+    # torchtitan's op- and layer-level AC only where asked (a job's own modes, not searched)
+    recomputes: tuple[Recompute, ...] = tuple(
+        r for r in Recompute if r not in ("selective-op", "selective-layer")
+    )
     virtual_stages: tuple[int, ...] = (2, 3, 4)
     max_micro_batch: int = 16
     precision: Precision = Precision.BF16

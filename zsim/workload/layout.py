@@ -141,7 +141,23 @@ def layer_passes(model: ModelSpec, cfg: ParallelConfig, layer: Layer) -> Passes:
         replay = tuple(op for op in fwd if op.name in SELECTIVE_OPS)
     elif cfg.recompute is Recompute.SELECTIVE_OP and layer.kind is LayerKind.BLOCK:
         replay = sac_replay(model, Shard.of(cfg))
+    elif cfg.recompute is Recompute.SELECTIVE_LAYER and layer in layer_ac_blocks(model):
+        replay = fwd
     return Passes(fwd, replay, backward_ops(tuple(reversed(fwd))))
+
+
+LAYER_AC_EVERY = 2
+"""torchtitan's selective layer AC checkpoints every this-many-th block: its
+`selective_ac_option` default "2" (`torchtitan/config_manager.py`, 395a526)."""
+
+
+@cache
+def layer_ac_blocks(model: ModelSpec) -> frozenset[Layer]:
+    """The blocks torchtitan's layer AC wraps: `checkpoint_wrapper` counts the blocks from 1 as
+    it wraps them in order and checkpoints a block whose count is a multiple of the option
+    (`parallelize_llama.py`); the others keep every activation."""
+    blocks = [x for x in model.layer_list() if x.kind is LayerKind.BLOCK]
+    return frozenset(b for i, b in enumerate(blocks, start=1) if i % LAYER_AC_EVERY == 0)
 
 
 def check_split(model: ModelSpec, cfg: ParallelConfig) -> None:

@@ -58,6 +58,8 @@ class Recompute(StrEnum):
     # torchtitan's op-level selective AC: keep matmul (except every second one of a block)
     # and attention outputs, replay the rest (zsim.workload.shapes.sac_replay)
     SELECTIVE_OP = "selective-op"
+    # torchtitan's layer-level selective AC: every second block full (its option's default "2")
+    SELECTIVE_LAYER = "selective-layer"
     FULL = "full"  # keep each layer's input, replay the forward in backward
 
 
@@ -121,12 +123,9 @@ class ZeroKnobs:
         for name in ("reduce_bucket_size", "allgather_bucket_size"):
             value = getattr(self, name)
             require(is_whole(value, 1), name, value, "a positive integer")
-        for name in (
-            "prefetch_bucket_size",
-            "param_persistence_threshold",
-            "max_live_parameters",
-            "max_reuse_distance",
-        ):
+        stage3 = ("prefetch_bucket_size", "param_persistence_threshold", "max_live_parameters",
+                  "max_reuse_distance")  # fmt: skip
+        for name in stage3:
             value = getattr(self, name)
             require(is_whole(value), name, value, "a non-negative integer (0 turns it off)")
         h = self.hpz_partition_size
@@ -218,12 +217,8 @@ class ParallelConfig:
             str(self.offload),
             "offload needs ZeRO stage 1, 2 or 3",
         )
-        require(
-            not self.sequence_parallel or self.tp > 1,
-            "sequence_parallel",
-            True,
-            "sequence parallelism needs tp > 1",
-        )
+        sp_ok = not self.sequence_parallel or self.tp > 1
+        require(sp_ok, "sequence_parallel", True, "sequence parallelism needs tp > 1")
         self._check_pipeline()
         self._check_attention()
         zpp.check(self)
@@ -247,6 +242,10 @@ class ParallelConfig:
             why = "with recompute selective-op (torchtitan's op-level AC, modelled without TP)"
             require(self.tp == 1, "tp", self.tp, f"1 {why}")
             require(self.flash_attention, "flash_attention", False, f"true {why}")
+        if self.recompute is Recompute.SELECTIVE_LAYER:
+            why = "with recompute selective-layer (torchtitan's layer AC: FSDP2, no pipeline)"
+            require(self.pp == 1, "pp", self.pp, f"1 {why}")
+            require(self.dp_engine == "fsdp", "dp_engine", str(self.dp_engine), f"fsdp {why}")
 
     def _check_pipeline(self) -> None:
         """DeepSpeed's and Megatron's pipeline rules."""
