@@ -21,9 +21,9 @@ from zsim.cluster.device import DeviceProfile
 from zsim.step import fsdp, megatron_dp, zero3
 from zsim.workload.layout import (
     DEFAULT_SPLIT,
-    LAYER_AC_EVERY,
     RECOMPUTED,
     StageSplit,
+    layer_ac_checkpoints,
     rank_layers,
     stage_layers,
 )
@@ -195,11 +195,11 @@ def activation_bytes(model: ModelSpec, cfg: ParallelConfig, pipeline_stage: int 
 
 def _replayed(per_layer: list[tuple[LayerKind, float]], recompute: Recompute) -> list[bool]:
     """Which of a stage's layers backward replays: full recompute every block (and an MLP's
-    layers), torchtitan's op-level AC every block, its layer AC every LAYER_AC_EVERY-th block
-    counted from 1 (`layout.layer_ac_blocks`; one pipeline stage, so in model order)."""
+    layers), torchtitan's op-level AC every block, its layer AC the blocks it checkpoints
+    (`layout.layer_ac_checkpoints`; one pipeline stage, so counted in model order)."""
     if recompute is Recompute.SELECTIVE_LAYER:
         count = itertools.count(1)
-        return [k is LayerKind.BLOCK and next(count) % LAYER_AC_EVERY == 0 for k, _ in per_layer]
+        return [k is LayerKind.BLOCK and layer_ac_checkpoints(next(count)) for k, _ in per_layer]
     kinds = {Recompute.FULL: RECOMPUTED, Recompute.SELECTIVE_OP: (LayerKind.BLOCK,)}
     return [k in kinds.get(recompute, ()) for k, _ in per_layer]
 

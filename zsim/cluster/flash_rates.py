@@ -28,10 +28,12 @@ from zsim.errors import InputError
 from zsim.workload.model import AttentionShape
 
 SEQ_POINTS = (512, 1024, 2048, 4096, 8192, 16384)
+Figure = dict[tuple[str, str, bool, int], tuple[float, ...]]
+"""(GPU family, kernel, causal, head dim) -> TFLOP/s at SEQ_POINTS, read off a figure."""
 
-# (GPU family, kernel, causal, head dim) -> TFLOP/s at SEQ_POINTS, read off the figures
-# (A100 FA2 non-causal 128 at 512: the bar's height, its label hidden by the legend)
-FWD_BWD_TFLOPS: dict[tuple[str, str, bool, int], tuple[float, ...]] = {
+# forward + backward (A100 FA2 non-causal 128 at 512: the bar's height, its label hidden by
+# the legend)
+FWD_BWD_TFLOPS: Figure = {
     ("a100", "flash2", False, 64): (132, 153, 162, 171, 175, 176),
     ("a100", "flash2", False, 128): (151, 173, 187, 196, 201, 203),
     ("a100", "flash2", True, 64): (88, 119, 140, 156, 165, 171),
@@ -46,7 +48,7 @@ FWD_BWD_TFLOPS: dict[tuple[str, str, bool, int], tuple[float, ...]] = {
     ("h100", "flash2", True, 128): (163, 221, 265, 294, 308, 328),
 }
 # FlashAttention-2 forward only, H100 SXM5 (the FA3 paper's forward figure, panels a-d)
-FWD_TFLOPS: dict[tuple[str, str, bool, int], tuple[float, ...]] = {
+FWD_TFLOPS: Figure = {
     ("h100", "flash2", False, 64): (282, 306, 318, 321, 322, 324),
     ("h100", "flash2", False, 128): (309, 350, 362, 368, 370, 370),
     ("h100", "flash2", True, 64): (180, 229, 262, 284, 295, 299),
@@ -65,12 +67,7 @@ def family_of(gpu_match: str) -> str:
     return next((f for name, f in FAMILIES.items() if name in text), "")
 
 
-def _interpolate(
-    table: dict[tuple[str, str, bool, int], tuple[float, ...]],
-    key: tuple[str, str, bool],
-    head_dim: int,
-    seq: int,
-) -> float:
+def _interpolate(table: Figure, key: tuple[str, str, bool], head_dim: int, seq: int) -> float:
     """Between a figure's points: linear in log2 of the sequence and in the head dimension,
     held at the ends (the rates level off)."""
     rows = [table[(*key, d)] for d in HEAD_DIMS]

@@ -151,13 +151,19 @@ LAYER_AC_EVERY = 2
 `selective_ac_option` default "2" (`torchtitan/config_manager.py`, 395a526)."""
 
 
+def layer_ac_checkpoints(count: int) -> bool:
+    """Whether torchtitan's layer AC checkpoints the block it counts `count`:
+    `checkpoint_wrapper` counts the blocks from 1 as it wraps them in order and checkpoints a
+    block whose count is a multiple of the option (`parallelize_llama.py`); the others keep
+    every activation."""
+    return count % LAYER_AC_EVERY == 0
+
+
 @cache
 def layer_ac_blocks(model: ModelSpec) -> frozenset[Layer]:
-    """The blocks torchtitan's layer AC wraps: `checkpoint_wrapper` counts the blocks from 1 as
-    it wraps them in order and checkpoints a block whose count is a multiple of the option
-    (`parallelize_llama.py`); the others keep every activation."""
+    """The blocks torchtitan's layer AC wraps (one pipeline stage: in model order)."""
     blocks = [x for x in model.layer_list() if x.kind is LayerKind.BLOCK]
-    return frozenset(b for i, b in enumerate(blocks, start=1) if i % LAYER_AC_EVERY == 0)
+    return frozenset(b for i, b in enumerate(blocks, start=1) if layer_ac_checkpoints(i))
 
 
 def check_split(model: ModelSpec, cfg: ParallelConfig) -> None:

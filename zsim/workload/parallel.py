@@ -245,7 +245,8 @@ class ParallelConfig:
         if self.recompute is Recompute.SELECTIVE_LAYER:
             why = "with recompute selective-layer (torchtitan's layer AC: FSDP2, no pipeline)"
             require(self.pp == 1, "pp", self.pp, f"1 {why}")
-            require(self.dp_engine == "fsdp", "dp_engine", str(self.dp_engine), f"fsdp {why}")
+            fsdp = self.dp_engine is DpEngine.FSDP
+            require(fsdp, "dp_engine", str(self.dp_engine), f"fsdp {why}")
 
     def _check_pipeline(self) -> None:
         """DeepSpeed's and Megatron's pipeline rules."""
