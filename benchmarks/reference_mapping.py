@@ -21,6 +21,7 @@ from reference_measured import Skip, integer, measured, text
 from zsim.cluster.device import DeviceProfile
 from zsim.errors import InputError
 from zsim.inputs import presets
+from zsim.workload.context_parallel import check_model
 from zsim.workload.layout import check_split, stage_blocks
 from zsim.workload.model import ModelSpec
 from zsim.workload.model_presets import preset, with_overrides
@@ -227,17 +228,18 @@ def pipe_split(row: dict[str, str], fw: str, layers: int) -> dict[str, str]:
     return {"pp_partition": method, "pp_balancer": "bisect"}
 
 
-def layout(row: dict[str, str], fw: str, assumed: list[str]) -> tuple[int, int, int, int, int, int]:
-    """(tp, pp, dp, virtual stages, micro-batch, grad accumulation)."""
-    if (integer(row, "cp") or 1) > 1:
-        raise Skip(f"context parallelism (cp={row['cp']}) is not modelled")
+def layout(row: dict[str, str], fw: str, assumed: list[str]) -> tuple[int, ...]:
+    """(tp, pp, dp, cp, virtual stages, micro-batch, grad accumulation)."""
+    cp = integer(row, "cp") or 1
+    if cp > 1 and fw != "mcore":  # zsim models Megatron-Core's (TE's p2p ring)
+        raise Skip(f"context parallelism (cp={row['cp']}) outside Megatron-Core is not modelled")
     gpus = integer(row, "num_gpus")
     tp, pp, dp = (integer(row, k) for k in ("tp", "pp", "dp"))
     if gpus is None or tp is None or pp is None:
         raise Skip("GPU count or TP/PP layout not given")
-    dp = dp or gpus // (tp * pp)
-    if tp * pp * dp != gpus:
-        raise Skip(f"tp*pp*dp = {tp * pp * dp} != {gpus} GPUs")
+    dp = dp or gpus // (tp * pp * cp)
+    if tp * pp * dp * cp != gpus:
+        raise Skip(f"tp*pp*dp*cp = {tp * pp * dp * cp} != {gpus} GPUs")
     vpp = integer(row, "vpp") or implied_interleaving(row, pp, assumed)
     batch = integer(row, "global_batch_size")
     if batch is None:
@@ -254,7 +256,7 @@ def layout(row: dict[str, str], fw: str, assumed: list[str]) -> tuple[int, int, 
     accum, rest = divmod(batch, micro * dp)
     if rest or accum < 1:
         raise Skip(f"global batch {batch} is not a multiple of micro {micro} x dp {dp}")
-    return tp, pp, dp, vpp, micro, accum
+    return tp, pp, dp, cp, vpp, micro, accum
 
 
 def implied_interleaving(row: dict[str, str], pp: int, assumed: list[str]) -> int:
@@ -319,6 +321,14 @@ def cluster(row: dict[str, str], notes: list[str], assumed: list[str]) -> tuple[
     raise Skip(f"no GPU preset for {row['gpu_type']!r}")
 
 
+def sequence_parallel(row: dict[str, str], fw: str, tp: int, assumed: list[str]) -> bool:
+    """As the row says; Megatron-Core's runs with TP where it does not say: on."""
+    if fw == "mcore" and tp > 1 and not row.get("sequence_parallel"):
+        assumed.append("sequence parallel")
+        return True
+    return text(row, "sequence_parallel") in ("yes", "true", "1")
+
+
 def map_row(row: dict[str, str], file: str) -> Case:
     fw = framework(row)
     assumed: list[str] = []
@@ -326,15 +336,12 @@ def map_row(row: dict[str, str], file: str) -> Case:
     if text(row, "offload") not in ("", "none"):
         raise Skip("CPU offload: the run's host Adam rate is not known (presets: an upper bound)")
     model = model_of(row, fw, assumed, notes)
-    tp, pp, dp, vpp, micro, accum = layout(row, fw, assumed)
+    tp, pp, dp, cp, vpp, micro, accum = layout(row, fw, assumed)
     stage = zero_stage(row, fw, assumed)
     engines = engine_fields(fw, stage, model, tp, assumed) | pipe_split(row, fw, model.layers)
     named = text(row, "system_framework") + " " + text(row, "zero_stage_or_sharding")
     engines["knobs"] = replace(engines["knobs"], **zero_plus_plus(named))
-    seq_par = text(row, "sequence_parallel") in ("yes", "true", "1")
-    if fw == "mcore" and tp > 1 and not row.get("sequence_parallel"):
-        seq_par = True
-        assumed.append("sequence parallel")
+    seq_par = sequence_parallel(row, fw, tp, assumed)
     engines["tp_comm_overlap"] &= seq_par
     if engines["tp_comm_overlap"]:
         engines["tp_overlap_sms"] = tp_overlap_sms(row, assumed)
@@ -343,6 +350,7 @@ def map_row(row: dict[str, str], file: str) -> Case:
             dp=dp,
             tp=tp,
             pp=pp,
+            cp=cp,
             zero_stage=stage,
             micro_batch=micro,
             grad_accum=accum,
@@ -355,6 +363,7 @@ def map_row(row: dict[str, str], file: str) -> Case:
             **engines,
         )
         check_split(model, parallel)
+        check_model(model, cp)
     except InputError as exc:
         raise Skip(f"zsim refuses the layout: {exc}") from None
     fabric, per_node, gpu = cluster(row, notes, assumed)

@@ -123,7 +123,7 @@ def model_state_bytes(params: float, cfg: ParallelConfig) -> tuple[float, float,
     if cfg.dp_engine is DpEngine.FSDP:
         return (*fsdp.model_state_bytes(params, cfg), 0.0)
     per = state_bytes(cfg.precision, cfg.zero_stage)
-    nd = cfg.dp
+    nd = cfg.dp_cp
     stage = cfg.zero_stage
     p = params * per.parameters / (nd if stage >= ZeroStage.PARAMETERS else 1)
     g = params * per.gradients / (nd if stage >= ZeroStage.GRADIENTS else 1)
@@ -273,7 +273,7 @@ def step_buffer_bytes(params: float, cfg: ParallelConfig) -> float:
     stage = cfg.zero_stage
     if stage is ZeroStage.NONE or cfg.offload is not Offload.NONE or cfg.dp_engine is FSDP:
         return 0.0  # FSDP's Adam updates its fp32 shard in place
-    partition = params / cfg.dp
+    partition = params / cfg.dp_cp
     if stage is ZeroStage.PARAMETERS:
         return min(partition, STAGE3_SUB_GROUP_SIZE) * FP32_BYTES
     return partition * FP32_BYTES if cfg.precision.mixed else 0.0
@@ -302,7 +302,7 @@ def zero3_persistent_bytes(cfg: ParallelConfig, layers: tuple[Layer, ...]) -> fl
     on every rank, beside their partition (`ds_persist`, partition_parameters.py)."""
     threshold = cfg.knobs.param_persistence_threshold
     sizes = _persistent_sizes(layers, cfg.tp, threshold)
-    return sum(-(-n // cfg.dp) * cfg.dp for n in sizes) * cfg.precision.bytes
+    return sum(-(-n // cfg.dp_cp) * cfg.dp_cp for n in sizes) * cfg.precision.bytes
 
 
 @functools.lru_cache(maxsize=1024)

@@ -131,17 +131,18 @@ def _run(
     slow: dict[int, float],
 ) -> tuple[Engine, EngineResult]:
     """The engine's run of `parallel`'s step, and the engine (a fold reads its task times)."""
-    grid = RankGrid(dp=parallel.dp, pp=parallel.pp, tp=parallel.tp)
+    grid = RankGrid(dp=parallel.dp_cp, pp=parallel.pp, tp=parallel.tp)
     gloo = topology.fabric.backend is Backend.GLOO
     comms = Communicator(simpy.Environment(), topology)
-    # a straggler's passes are not the template's: no fused passes then
-    tp_time = None if slow else tp_fixed_time(grid, comms)
+    # a straggler's passes are not the template's, and a fused pass times its collectives as
+    # TP's (context parallelism exchanges on other groups): no fused passes then
+    tp_time = None if slow or parallel.cp > 1 else tp_fixed_time(grid, comms)
     node = topology.gpus_per_node
     programs = [
         build_program(model, parallel, device, s, gloo, tp_time, node) for s in range(parallel.pp)
     ]
     block = _dp_block(parallel, node)
-    engine = Engine(programs, grid, comms, full=full, slowdown=slow, block=block)
+    engine = Engine(programs, grid, comms, full=full, slowdown=slow, block=block, cp=parallel.cp)
     return engine, engine.run()
 
 
@@ -211,10 +212,10 @@ def simulate(
     (`zsim.step.fold`); its spans are then those of the short step (off for a trace)."""
     require(
         parallel.world_size == topology.world_size,
-        "dp x tp x pp",
+        "dp x tp x pp x cp" if parallel.cp > 1 else "dp x tp x pp",
         parallel.world_size,
         f"the {topology.world_size} GPUs of {topology.name} "
-        f"(dp={parallel.dp}, tp={parallel.tp}, pp={parallel.pp})",
+        f"(dp={parallel.dp}, tp={parallel.tp}, pp={parallel.pp}, cp={parallel.cp})",
     )
     slow = dict(stragglers or {})
     check_stragglers(slow, parallel.world_size, full)
@@ -237,7 +238,7 @@ def _simulate(
         nvlink_rate=not parallel.models(Mechanism.NVLINK_NCCL_RATE),
     )
     topology = apply_profile(topology, device)  # a calibrated profile's links and call latency
-    grid = RankGrid(dp=parallel.dp, pp=parallel.pp, tp=parallel.tp)
+    grid = RankGrid(dp=parallel.dp_cp, pp=parallel.pp, tp=parallel.tp)
     stage_ranks = {*(grid.rank(0, s, 0) for s in range(parallel.pp)), *slow}
     short = short_config(parallel) if fold else None
     found = None

@@ -59,6 +59,7 @@ def add_parallel_flags(p: argparse.ArgumentParser, stage: bool = True) -> None:
         ("dp", "data-parallel size"),
         ("tp", "tensor-parallel size"),
         ("pp", "pipeline-parallel size"),
+        ("cp", "context-parallel size (Megatron-Core's, splitting each sequence)"),
         ("micro-batch", "per-GPU micro-batch"),
         ("grad-accum", "gradient accumulation steps"),
         ("global-batch", "train_batch_size = micro x accum x dp"),

@@ -51,6 +51,7 @@ def _parallel_from(
             "dp",
             "tp",
             "pp",
+            "cp",
             "micro_batch",
             "grad_accum",
             "global_batch",
@@ -186,11 +187,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         setattr(args, key, value)
     topology = presets.topology(args.topology)
     model = _model_from(args)
-    tp, pp = (parse_int(name, x) or 1 for name, x in (("tp", args.tp), ("pp", args.pp)))
-    world = topology.world_size
-    dp = args.dp or (str(world // (tp * pp)) if world % (tp * pp) == 0 else None)
+    tp, pp, cp = (parse_int(x, getattr(args, x, None)) or 1 for x in ("tp", "pp", "cp"))
+    world, split = topology.world_size, tp * pp * cp
+    dp = args.dp or (str(world // split) if world % split == 0 else None)
     if dp is None:
-        raise InputError("tp x pp", tp * pp, f"a divisor of the {world} GPUs of {topology.name}")
+        what = "tp x pp x cp" if cp > 1 else "tp x pp"
+        raise InputError(what, split, f"a divisor of the {world} GPUs of {topology.name}")
     shard_note = _default_shard_size(args, topology.gpus_per_node, tp, dp)
     cfg, notes = _parallel_from(args, model, dp=dp)
     notes += [shard_note] if shard_note else []

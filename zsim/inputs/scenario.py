@@ -14,6 +14,7 @@ from zsim.cluster.device import DeviceProfile
 from zsim.errors import InputError, count, positive_int, require
 from zsim.inputs.ds_file import fill_trainer_auto, merged_batch
 from zsim.inputs.files import load_json, load_mapping
+from zsim.workload import context_parallel
 from zsim.workload import model_presets as models
 from zsim.workload import parallel as par
 from zsim.workload.batch import resolve_batch
@@ -144,7 +145,7 @@ def build_parallel(
     ub_file = other.pop("tp_comm_overlap_cfg", None)  # Megatron's flag: TE's ub_cfgs YAML
     if ub_file is not None:
         other["tp_overlap_sms"] = from_ub_cfgs(load_mapping(Path(ub_file), "tp_comm_overlap_cfg"))
-    for name in ("virtual_stages", "fsdp_shard_size"):
+    for name in ("cp", "virtual_stages", "fsdp_shard_size"):
         if name in other:
             other[name] = parse_int(name, other[name])
     notes: list[str] = []
@@ -234,4 +235,5 @@ def check_layout(model: ModelSpec, cfg: ParallelConfig) -> None:
             f"pp x virtual_stages dividing layers={model.layers} (interleaved schedule)",
         )
     require(model.layers >= cfg.pp, "pp", cfg.pp, f"at most layers={model.layers}")
+    context_parallel.check_model(model, cfg.cp)
     check_split(model, cfg)

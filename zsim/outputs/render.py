@@ -51,8 +51,13 @@ def model_summary(model: ModelSpec) -> dict[str, Any]:
     return out
 
 
+def _cp(p: dict[str, Any]) -> str:
+    """The context-parallel size where there is one (reports written before it have none)."""
+    return f" cp={p['cp']}" if p.get("cp", 1) > 1 else ""
+
+
 def parallel_summary(cfg: ParallelConfig) -> dict[str, Any]:
-    return {
+    return ({"cp": cfg.cp} if cfg.cp > 1 else {}) | {
         "dp": cfg.dp,
         "tp": cfg.tp,
         "pp": cfg.pp,
@@ -126,7 +131,7 @@ def print_memory(report: dict[str, Any]) -> None:
     m, p, g = report["model"], report["parallel"], report["gpu"]
     _console.print(
         f"[bold]{m['name']}[/] ({m['params'] / 1e9:.3g}B parameters)  "
-        f"dp={p['dp']} tp={p['tp']} pp={p['pp']}  {p['precision']}  "
+        f"dp={p['dp']} tp={p['tp']} pp={p['pp']}{_cp(p)}  {p['precision']}  "
         f"micro-batch {p['micro_batch']} x accum {p['grad_accum']} "
         f"= global batch {p['global_batch']}  offload {p['offload']}"
     )
@@ -276,7 +281,7 @@ def _run_header(r: dict[str, Any]) -> str:
     extras = [x for x in ("sequence_parallel", "flash_attention") if p[x]]
     return (
         f"[bold]{m['name']}[/] ({m['params'] / 1e9:.3g}B{seq}) on [bold]{r['topology']}[/] "
-        f"({r['device']}): ZeRO-{p['zero_stage']} dp={p['dp']} tp={p['tp']} pp={p['pp']}, "
+        f"({r['device']}): ZeRO-{p['zero_stage']} dp={p['dp']} tp={p['tp']} pp={p['pp']}{_cp(p)}, "
         f"{p['precision']}, micro-batch {p['micro_batch']} x accum {p['grad_accum']} = "
         f"global batch {p['global_batch']}, recompute {p['recompute']}, offload {p['offload']}"
         + "".join(f", {x.replace('_', ' ')}" for x in extras)

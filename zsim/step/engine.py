@@ -48,8 +48,9 @@ class Engine(RankGroups):
         virtual_stages: int = 1,
         slowdown: Mapping[int, float] | None = None,
         block: int = 1,
+        cp: int = 1,
     ) -> None:
-        super().__init__(grid, comms, full, block)
+        super().__init__(grid, comms, full, block, cp)
         self.env = comms.env
         self.slowdown = dict(slowdown or {})  # rank -> factor on its kernels (a straggler)
         self.v = virtual_stages

@@ -15,19 +15,23 @@ from zsim.network.collective import CollectiveOp
 from zsim.network.communicator import Communicator
 from zsim.step.program import Comm, Group
 
-# groups of `block` consecutive data-parallel ranks, and those of the ranks `block` apart
-_BLOCKS = (Group.HPZ, Group.SHARD, Group.NODE)
+# groups of `block` (Group.CP: `cp`) consecutive data-parallel ranks, and those of the ranks
+# `block` apart
+_BLOCKS = (Group.HPZ, Group.SHARD, Group.NODE, Group.CP)
 _STRIDES = (Group.REPLICA, Group.ACROSS)
 
 
 class RankGroups:
-    def __init__(self, grid: RankGrid, comms: Communicator, full: bool, block: int) -> None:
+    def __init__(
+        self, grid: RankGrid, comms: Communicator, full: bool, block: int, cp: int = 1
+    ) -> None:
         self.grid = grid
         self.comms = comms
         self.full = full
         # consecutive data-parallel ranks: ZeRO++'s secondary partition or qgZ's node, FSDP's
         # hybrid shard
         self.block = max(1, block)
+        self.cp = cp  # ... and context parallelism's groups (zsim.workload.context_parallel)
         self.ranks = self._simulated_ranks()
         self.simulated = set(self.ranks)
         self.coord = {
@@ -67,11 +71,15 @@ class RankGroups:
         if group is Group.EMBEDDING:
             return (g.rank(dp_i, 0, tp_i), g.rank(dp_i, g.pp - 1, tp_i))
         if group in _BLOCKS:
-            first = dp_i - dp_i % self.block
-            return tuple(g.rank(d, pp_i, tp_i) for d in range(first, first + self.block))
+            size = self._block_of(group)
+            first = dp_i - dp_i % size
+            return tuple(g.rank(d, pp_i, tp_i) for d in range(first, first + size))
         if group in _STRIDES:
             return tuple(g.rank(d, pp_i, tp_i) for d in range(dp_i % self.block, g.dp, self.block))
         return tuple(g.rank(dp_i, p, tp_i) for p in range(g.pp))
+
+    def _block_of(self, group: Group) -> int:
+        return self.cp if group is Group.CP else self.block
 
     def copies(self, rank: int, group: Group) -> int:
         """How many groups one call of `rank`'s stands for: its own and, in symmetric mode, the
@@ -103,7 +111,8 @@ class RankGroups:
         mine = self.group_of(rank, group)
         if group in _BLOCKS or group in _STRIDES:
             g = self.grid
-            firsts = range(self.block) if group in _STRIDES else range(0, g.dp, self.block)
+            size = self._block_of(group)
+            firsts = range(size) if group in _STRIDES else range(0, g.dp, size)
             pairs = itertools.product(firsts, range(g.tp))
             blocks = [self.group_of(g.rank(d, pp_i, t), group) for d, t in pairs]
             return [grp for grp in blocks if grp != mine]

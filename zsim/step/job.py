@@ -74,7 +74,7 @@ class StageJob:
 
     def padded(self, numel: float) -> float:
         """A gather's output: each rank's shard is ceil(n / dp) elements."""
-        return -(-numel // self.cfg.dp) * self.cfg.dp
+        return -(-numel // self.cfg.dp_cp) * self.cfg.dp_cp
 
     def persistent_tensors(self) -> list[ParamTensor]:
         """ZeRO-3's persistent tensors: never partitioned, gathered after every step

@@ -36,6 +36,7 @@ from zsim.step.tensor_parallel import (
     tp_bytes,
     tp_points,
 )
+from zsim.workload.context_parallel import kv_exchange_bytes
 from zsim.workload.layout import layer_passes
 from zsim.workload.mechanisms import Mechanism
 from zsim.workload.model import ComputeOp, Layer, OpKind
@@ -76,8 +77,11 @@ class LayerKernels:
         return self._seconds[key]
 
     def measured(self, layer: Layer) -> LayerTime | None:
-        """The calibrated times of `layer` at the job's shape, if the profile has them."""
+        """The calibrated times of `layer` at the job's shape, if the profile has them (its
+        layers ran whole sequences: none with context parallelism)."""
         c, job = self.job.cfg, self.job
+        if c.cp > 1:
+            return None
         key = layer_time_key(
             job.model, layer.kind, c.micro_batch, job.dtype, c.tp, c.flash_attention
         )
@@ -254,6 +258,12 @@ class _TpCollectives(Generic[H]):
         self.after_wgrad: list[CollectiveOp] = []  # blocking reduces after the next wgrad
         self.needed: list[H] = []  # the re-gathered input the next wgrad GEMM waits for
         self.ring: H | None = None  # a gather the next GEMM is ring-exchanged with
+        self.cp = cfg.cp
+        self.kv_bytes = kv_exchange_bytes(
+            kernels.job.model, cfg.micro_batch, cfg.tp, cfg.cp, cfg.precision.bytes
+        )
+        self.kv: H | None = None  # context parallelism: the exchange the next step waits for
+        self.exchanges_left = 0
 
     def _seconds(self, ops: list[ComputeOp]) -> float:
         """The ops' time, each GEMM TE overlaps on the SMs its kernels leave it."""
@@ -281,6 +291,9 @@ class _TpCollectives(Generic[H]):
         return self.emit.comm(f"{self.tag}.tp_{op}", comm, Category.TP_COMM, deps, stream)
 
     def add(self, op: ComputeOp) -> None:
+        if self.cp > 1 and op.kind is OpKind.ATTENTION:
+            self._cp_step(op)
+            return
         if op.name in self.gathered_before:
             self.flush()
             self.last = [self._comm(CollectiveOp.ALL_GATHER, 1.0, self.last, Stream.COMPUTE)]
@@ -331,6 +344,34 @@ class _TpCollectives(Generic[H]):
             self.beside.append(self._comm(kind, 1.0, self.last, Stream.TP))
         else:
             self.last = [self._comm(kind, 1.0, self.last, Stream.COMPUTE)]
+
+    def _cp_step(self, op: ComputeOp) -> None:
+        """One of TE's context-parallel attention steps (`zsim.workload.context_parallel`):
+        the next step's keys and values travel beside it, it waits for its own; in the
+        backward they travel with the previous step's key and value gradients, and the last
+        step's gradients are sent home before the layer goes on."""
+        self.flush()
+        arrived = [] if self.kv is None else [self.kv]
+        if not arrived:  # the pass's first step: the ring starts
+            self.exchanges_left = self.cp - 1
+        deps = [*self.last, *arrived]
+        ahead = None
+        if self.exchanges_left:  # posted as the step starts, once its own keys are in
+            doubled = not self.forward and bool(arrived)  # with the previous step's gradients
+            nbytes = self.kv_bytes * (2.0 if doubled else 1.0)
+            ahead = self._cp_comm(arrived or self.last, nbytes, Stream.CP)
+            self.exchanges_left -= 1
+        seconds = self._seconds([op])
+        self.last = [self.emit.compute(f"{self.tag}.{op.name}", seconds, self.category, deps)]
+        self.kv = ahead
+        if ahead is None and not self.forward:
+            self.last = [self._cp_comm(self.last, self.kv_bytes, Stream.COMPUTE)]
+
+    def _cp_comm(self, deps: list[H], nbytes: float, stream: Stream) -> H:
+        """A ring step: every rank of the group sends `nbytes` to the next; timed as the ring
+        all-gather in which every rank sends that much (output cp x nbytes / (cp - 1))."""
+        comm = Comm(CollectiveOp.ALL_GATHER, nbytes * self.cp / (self.cp - 1), Group.CP)
+        return self.emit.comm(f"{self.tag}.cp_exchange", comm, Category.CP_COMM, deps, stream)
 
     def _pipelined(self, op: ComputeOp) -> None:
         """GEMM + reduce-scatter in PIPELINE_SPLITS chunks: each chunk's reduce-scatter runs

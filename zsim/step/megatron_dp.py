@@ -49,7 +49,7 @@ def chunk_buckets(job: StageJob) -> list[list[list[ParamTensor]]]:
     pipeline stage is cut into buckets: later chunks are built with `disable_bucketing`,
     and later stages' are one bucket (`distributed_data_parallel.py:170`)."""
     cfg = job.cfg
-    size = max(MIN_BUCKET_NUMEL, 1_000_000 * cfg.dp)
+    size = max(MIN_BUCKET_NUMEL, 1_000_000 * cfg.dp_cp)
     out: list[list[list[ParamTensor]]] = []
     for c, chunk in enumerate(job.chunks):
         tensors = [t for layer in chunk for t in layer.tensors][::-1]
@@ -76,7 +76,7 @@ def buckets(job: StageJob) -> list[list[ParamTensor]]:
 def bucket_numel(job: StageJob, bucket: Sequence[ParamTensor]) -> int:
     numel = sum(t.per_rank(job.cfg.tp) for t in bucket)
     if job.cfg.zero_stage is ZeroStage.OPTIMIZER:  # the distributed optimizer pads
-        align = math.lcm(job.cfg.dp, 128)
+        align = math.lcm(job.cfg.dp_cp, 128)
         numel = -(-numel // align) * align
     return numel
 
@@ -94,7 +94,7 @@ class MegatronGradSync:
         self._hooks = False
 
     def in_hooks(self, boundary: bool) -> bool:
-        return self.job.cfg.dp > 1 and self.job.cfg.overlap_comm and boundary
+        return self.job.cfg.dp_cp > 1 and self.job.cfg.overlap_comm and boundary
 
     def start_backward(self, boundary: bool) -> bool:
         self._hooks = self.in_hooks(boundary)
@@ -120,7 +120,7 @@ class MegatronGradSync:
     def boundary_reduce(self, deps: list[Task]) -> list[Task]:
         """Without --overlap-grad-reduce: one synchronous call after the last backward; with
         it, the compute stream waits for the buckets' calls (`finish_grad_sync`)."""
-        if self.job.cfg.dp == 1:
+        if self.job.cfg.dp_cp == 1:
             return deps
         if not self._hooks:
             for i in range(len(self._buckets)):
@@ -159,7 +159,7 @@ class MegatronParamSync:
         # default there): a chunk's gathers are dispatched by the schedule, not the hooks
         self._aligned = job.cfg.virtual_stages > 1
         self.active = (
-            job.cfg.dp > 1
+            job.cfg.dp_cp > 1
             and job.cfg.zero_stage is ZeroStage.OPTIMIZER
             and job.cfg.overlap_param_gather
         )
@@ -207,7 +207,7 @@ class MegatronParamSync:
     def after_step(self, deps: list[Task]) -> list[Task]:
         """Without --overlap-param-gather: synchronous gathers after the optimizer step."""
         cfg = self.job.cfg
-        if self.active or cfg.dp == 1 or cfg.zero_stage is not ZeroStage.OPTIMIZER:
+        if self.active or cfg.dp_cp == 1 or cfg.zero_stage is not ZeroStage.OPTIMIZER:
             return deps
         for i in range(len(self._buckets)):
             deps = [self.writer.comm("param_allgather", self._comm(i), Category.PARAM_GATHER, deps)]

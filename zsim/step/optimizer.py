@@ -26,7 +26,7 @@ def grad_norm(job: StageJob, writer: ProgramWriter, deps: list[Task]) -> list[Ta
     cfg = job.cfg
     deepspeed = cfg.dp_engine is DpEngine.DEEPSPEED
     nbytes = 8 if deepspeed and cfg.zero_stage is ZeroStage.PARAMETERS else 4  # FSDP: fp32
-    if cfg.dp > 1:
+    if cfg.dp_cp > 1:
         comm = Comm(CollectiveOp.ALL_REDUCE, nbytes, Group.DP)
         deps = [writer.comm("grad_norm", comm, Category.GRAD_REDUCE, deps)]
     if deepspeed and cfg.has_mpu and cfg.tp > 1 and cfg.pp == 1:
@@ -83,10 +83,10 @@ def post_step_gather(job: StageJob, writer: ProgramWriter, deps: list[Task]) -> 
     flat group (`all_gather_dp_groups`; allgather_bucket_size only bounds a fallback);
     ZeRO-3 gathers each persistent parameter with its own call (`_post_step`)."""
     cfg, stage, d = job.cfg, job.cfg.zero_stage, job.element_bytes
-    if cfg.dp == 1 or stage is ZeroStage.NONE:
+    if cfg.dp_cp == 1 or stage is ZeroStage.NONE:
         return
     if stage is not ZeroStage.PARAMETERS:
-        align = 2 * cfg.dp  # nccl_start_alignment_factor x dp (stage_1_and_2.py:387)
+        align = 2 * cfg.dp_cp  # nccl_start_alignment_factor x dp (stage_1_and_2.py:387)
         numel = -(-job.params() // align) * align
         comm = Comm(CollectiveOp.ALL_GATHER, numel * d, Group.DP)
         writer.comm("param_allgather", comm, Category.PARAM_GATHER, deps)

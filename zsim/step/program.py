@@ -32,6 +32,7 @@ class Stream(StrEnum):
     PCIE = "pcie"  # offload copies
     HOST = "host"  # the optimizer step on the CPU (offload)
     ALLREDUCE = "allreduce"  # FSDP's all-reduce stream (a hybrid mesh's replicas)
+    CP = "cp"  # TE's context-parallel key/value exchanges, beside the attention steps
 
 
 class Category(StrEnum):
@@ -40,6 +41,7 @@ class Category(StrEnum):
     RECOMPUTE = "recompute"
     OPTIMIZER = "optimizer"
     TP_COMM = "tp_comm"
+    CP_COMM = "cp_comm"
     GRAD_REDUCE = "grad_reduce"
     PARAM_GATHER = "param_gather"
     PP_COMM = "pp_comm"
@@ -58,6 +60,7 @@ class Group(StrEnum):
     REPLICA = "replica"  # ... and the ranks across them that hold the same shard
     NODE = "node"  # ZeRO++'s qgZ: the GPUs of one node (DeepSpeed's `local_<node>` group)
     ACROSS = "across"  # ... and the same GPU of every node (its `global_<gpu>` group)
+    CP = "cp"  # context parallelism's ring: consecutive data-parallel ranks (`cp` of them)
 
 
 class Comm(NamedTuple):

@@ -57,8 +57,9 @@ def tp_points(cfg: ParallelConfig, forward: bool) -> dict[str, CollectiveOp]:
 
 
 def tp_bytes(model: ModelSpec, cfg: ParallelConfig) -> float:
-    """Each TP collective's buffer (nccl-tests' size): the whole activation, b s h elements."""
-    return float(cfg.micro_batch * model.seq_len * model.hidden * cfg.precision.bytes)
+    """Each TP collective's buffer (nccl-tests' size): the whole activation, b s h elements
+    (of the rank's s / cp tokens with context parallelism)."""
+    return float(cfg.micro_batch * model.seq_len / cfg.cp * model.hidden * cfg.precision.bytes)
 
 
 CROSS_ENTROPY_ALL_REDUCES = 3
@@ -70,8 +71,9 @@ logits GEMM, none in its backward."""
 
 def cross_entropy_bytes(model: ModelSpec, cfg: ParallelConfig) -> float:
     """Each of the cross-entropy's all-reduces: one fp32 value per token of the micro-batch
-    (the whole sequence: the logits are computed on it with sequence parallelism too)."""
-    return float(cfg.micro_batch * model.seq_len * 4)
+    (the whole sequence: the logits are computed on it with sequence parallelism too; the
+    rank's s / cp tokens with context parallelism)."""
+    return float(cfg.micro_batch * model.seq_len / cfg.cp * 4)
 
 
 RING_EXCHANGED_AFTER = frozenset({"ln1", "ln2", "residual2_bwd", "residual1_bwd"})

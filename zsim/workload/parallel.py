@@ -10,9 +10,10 @@ from dataclasses import dataclass, field, replace
 from enum import IntEnum, StrEnum
 from typing import Any
 
-from zsim.errors import InputError, is_whole, positive_int, require
+from zsim.errors import InputError, positive_int, require
 from zsim.workload import zero_plus_plus as zpp
 from zsim.workload.eager import Elementwise
+from zsim.workload.knobs import ZeroKnobs as ZeroKnobs  # its home before it had its own
 from zsim.workload.mechanisms import Mechanism, parse_mechanisms
 from zsim.workload.model import AttentionKernel
 from zsim.workload.pipe_partition import Balancer, PartitionMethod
@@ -94,51 +95,13 @@ class DpEngine(StrEnum):
 
 
 @dataclass(frozen=True)
-class ZeroKnobs:
-    """DeepSpeed's zero_optimization knobs that change memory or the communication schedule.
-
-    Sizes are in elements, as in DeepSpeed.
-    """
-
-    reduce_bucket_size: int = 500_000_000
-    allgather_bucket_size: int = 500_000_000
-    overlap_comm: bool | None = None  # None: DeepSpeed's default (True for stage 3 only)
-    contiguous_gradients: bool = True
-    reduce_scatter: bool = True
-    use_multi_rank_bucket_allreduce: bool = True  # ZeRO-1/2: all-reduce whole buckets
-    prefetch_bucket_size: int = 50_000_000
-    param_persistence_threshold: int = 100_000
-    max_live_parameters: int = 1_000_000_000
-    max_reuse_distance: int = 1_000_000_000
-    # ZeRO++ (Wang et al. 2023; DeepSpeed 0.19 zero/config.py): the secondary partition of
-    # parameters over consecutive groups of this many ranks (hpZ), int8 parameter gathers (qwZ),
-    # int4 gradients averaged by all-to-alls within and then across nodes (qgZ)
-    hpz_partition_size: int = 1
-    quantized_weights: bool = False
-    quantized_gradients: bool = False
-
-    def __post_init__(self) -> None:
-        # DeepSpeed takes 0 for the stage-3 knobs (no prefetch, nothing persistent or kept
-        # live or reused); a bucket of 0 elements would never fill
-        for name in ("reduce_bucket_size", "allgather_bucket_size"):
-            value = getattr(self, name)
-            require(is_whole(value, 1), name, value, "a positive integer")
-        stage3 = ("prefetch_bucket_size", "param_persistence_threshold", "max_live_parameters",
-                  "max_reuse_distance")  # fmt: skip
-        for name in stage3:
-            value = getattr(self, name)
-            require(is_whole(value), name, value, "a non-negative integer (0 turns it off)")
-        h = self.hpz_partition_size
-        require(is_whole(h), "zero_hpz_partition_size", h, "a non-negative integer (1: off)")
-
-
-@dataclass(frozen=True)
 class ParallelConfig:
-    """The layout and batch of one job. World size = dp * tp * pp."""
+    """The layout and batch of one job. World size = dp * tp * pp * cp."""
 
     dp: int = 1
     tp: int = 1
     pp: int = 1
+    cp: int = 1  # context-parallel ranks splitting each sequence (zsim.workload.context_parallel)
     zero_stage: ZeroStage = ZeroStage.NONE
     micro_batch: int = 1
     grad_accum: int = 1
@@ -203,7 +166,7 @@ class ParallelConfig:
             object.__setattr__(self, name, _as_enum(name, getattr(self, name), kind))
         object.__setattr__(self, "without", parse_mechanisms(self.without))
         object.__setattr__(self, "tp_overlap_sms", parse_sms(self.tp_overlap_sms))
-        for name in ("dp", "tp", "pp", "micro_batch", "grad_accum", "virtual_stages"):
+        for name in ("dp", "tp", "pp", "cp", "micro_batch", "grad_accum", "virtual_stages"):
             positive_int(name, getattr(self, name))
         require(
             self.offload is not Offload.OPTIMIZER_PARAMS or self.zero_stage is ZeroStage.PARAMETERS,
@@ -222,6 +185,7 @@ class ParallelConfig:
         self._check_pipeline()
         self._check_attention()
         zpp.check(self)
+        self._check_context()
         self._check_megatron()
         check_fsdp(self)
         require(  # Megatron: "number of microbatches is not divisible by pipeline-parallel size"
@@ -247,6 +211,16 @@ class ParallelConfig:
             require(self.pp == 1, "pp", self.pp, f"1 {why}")
             fsdp = self.dp_engine is DpEngine.FSDP
             require(fsdp, "dp_engine", str(self.dp_engine), f"fsdp {why}")
+
+    def _check_context(self) -> None:
+        """Context parallelism as zsim models it: Megatron-Core's, with TE's fused attention
+        (`zsim.workload.context_parallel`)."""
+        if self.cp == 1:
+            return
+        why = "with cp > 1 (Megatron-Core's context parallelism)"
+        megatron = self.dp_engine is DpEngine.MEGATRON
+        require(megatron, "dp_engine", str(self.dp_engine), f"megatron {why}")
+        require(self.flash_attention, "flash_attention", False, f"true {why}: TE's attention")
 
     def _check_pipeline(self) -> None:
         """DeepSpeed's and Megatron's pipeline rules."""
@@ -351,7 +325,13 @@ class ParallelConfig:
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def dp_cp(self) -> int:
+        """The ranks that hold the same parameters: gradients are reduced, and ZeRO's states
+        sharded, over data x context parallel ranks (Megatron's `with_context_parallel`)."""
+        return self.dp * self.cp
 
     @property
     def global_batch(self) -> int:

@@ -40,6 +40,7 @@ class Shard:
     dtype_bytes: int = 2
     attention_kernel: AttentionKernel = AttentionKernel.FLASH2
     elementwise: Elementwise = Elementwise.FUSED
+    cp: int = 1  # context-parallel ranks: this one sees s / cp tokens of each sequence
 
     @classmethod
     def of(cls, cfg: ParallelConfig) -> Shard:
@@ -52,6 +53,7 @@ class Shard:
             cfg.precision.bytes,
             cfg.attention_kernel,
             cfg.elementwise if cfg.models(Mechanism.EAGER_OPS) else Elementwise.FUSED,
+            cfg.cp,
         )
 
 
@@ -156,8 +158,9 @@ class _Shapes:
     def __init__(self, model: ModelSpec, shard: Shard):
         self.m = model
         self.b = shard.micro_batch
-        self.s = model.seq_len
-        self.tokens = shard.micro_batch * model.seq_len
+        self.cp = shard.cp
+        self.s = model.seq_len // shard.cp  # the rank's tokens of each sequence
+        self.tokens = shard.micro_batch * self.s
         self.tp = shard.tp
         # sequence parallel splits the replicated sbh tensors by tp
         self.sp = shard.tp if shard.sequence_parallel else 1
@@ -221,15 +224,7 @@ class _Shapes:
         ops = [self.norm("ln1", sbh_rep), self.gemm("qkv", tok, qkv_out, h, module="qkv")]
         ops += self.rotary_and_repeat()
         if flash:
-            ops.append(
-                ComputeOp(
-                    "flash_attention",
-                    OpKind.ATTENTION,
-                    4.0 * self.b * heads * self.s**2 * hd,  # as if unmasked (model FLOPs)
-                    4.0 * tok * heads * hd * self.d,
-                    attention=AttentionShape(self.s, hd, kernel=self.kernel),
-                )
-            )
+            ops += self.attention()
         else:
             scores = self.b * heads * self.s * self.s
             ops += [
@@ -247,6 +242,25 @@ class _Shapes:
             self.memory("residual2", sbh_rep, passes=4.0 if m.dropout else 3.0),
         ]
         return tuple(ops)
+
+    def attention(self) -> list[ComputeOp]:
+        """Fused attention of the rank's queries: over the whole sequence or, with context
+        parallelism, TE's cp steps (`zsim.workload.context_parallel`): its own chunks under the
+        causal mask, then half of each other rank's keys without it. Each step runs at the
+        non-causal rate of the rank's s / cp tokens (the figures' shapes are square, a ring
+        step's s / cp x s / 2cp)."""
+        own = self.flash("flash_attention", self.s, causal=True)
+        ring = [self.flash(f"cp_attention_{i}", self.s // 2, False) for i in range(1, self.cp)]
+        return [own, *ring]
+
+    def flash(self, name: str, keys: int, causal: bool) -> ComputeOp:
+        """A fused attention kernel: the rank's queries against `keys` keys, its FLOPs as if
+        unmasked (model FLOPs); it reads q, k, v and writes the output."""
+        heads, hd = self.m.heads // self.tp, self.m.head_dim
+        flops = 4.0 * self.b * heads * self.s * keys * hd
+        moved = 2.0 * self.b * heads * hd * (self.s + keys) * self.d
+        shape = AttentionShape(self.s, hd, causal, kernel=self.kernel)
+        return ComputeOp(name, OpKind.ATTENTION, flops, moved, attention=shape)
 
     def eager_op(
         self, name: str, elements: float, kernels: Callable[[int], eager.Kernels]

@@ -1,0 +1,114 @@
+"""Megatron-Core's context parallelism (`zsim.workload.context_parallel`) against its source:
+TransformerEngine's `AttnFuncWithCPAndKVP2P` with Megatron's load-balanced chunks (each rank
+holds chunks i and 2 cp - 1 - i of 2 cp), the keys and values it sends around the ring, and
+Megatron's gradient reduction over data x context parallel ranks. Expected values are worked
+by hand from those rules, not read from zsim."""
+
+import pytest
+
+from zsim.errors import InputError
+from zsim.inputs import presets
+from zsim.inputs.scenario import check_layout
+from zsim.memory import ledger
+from zsim.simulation import simulate
+from zsim.workload.model import LayerKind, OpKind
+from zsim.workload.model_presets import preset, with_overrides
+from zsim.workload.parallel import ParallelConfig
+from zsim.workload.shapes import Shard, forward_ops
+
+LLAMA = with_overrides(preset("llama-7b"), seq_len=8192, layers=4)
+H100 = presets.gpu("h100-sxm")
+
+
+def _cfg(**kw) -> ParallelConfig:
+    base = {
+        "dp": 4,
+        "cp": 2,
+        "zero_stage": 1,
+        "precision": "bf16",
+        "dp_engine": "megatron",
+        "flash_attention": True,
+    }
+    return ParallelConfig(**(base | kw))
+
+
+def _block(cp: int, tp: int = 1) -> tuple:
+    block = next(x for x in LLAMA.layer_list() if x.kind is LayerKind.BLOCK)
+    return forward_ops(LLAMA, block, Shard(1, tp, flash_attention=True, cp=cp))
+
+
+def _causal_flops(ops) -> float:
+    """What the kernels compute: a causal step does half its unmasked FLOPs."""
+    attention = [op for op in ops if op.kind is OpKind.ATTENTION]
+    return sum(op.flops * (0.5 if op.attention.causal else 1.0) for op in attention)
+
+
+@pytest.mark.parametrize("cp", [2, 4, 8])
+def test_each_rank_does_one_cp_th_of_the_causal_attention(cp):
+    # the whole causal attention: 4 b s^2 heads hd / 2 (QK^T and PV, the upper half masked)
+    s, heads, hd = 8192, 32, 128
+    whole = 4 * s * s * heads * hd / 2
+    assert _causal_flops(_block(cp)) == pytest.approx(whole / cp)
+    # TE's cp steps: the rank's own chunks under the mask, then one step per other rank
+    steps = [op for op in _block(cp) if op.kind is OpKind.ATTENTION]
+    assert len(steps) == cp
+    assert [op.attention.causal for op in steps] == [True] + [False] * (cp - 1)
+
+
+def test_every_other_op_sees_s_over_cp_tokens():
+    def gemm_flops(ops):
+        return sum(op.flops for op in ops if op.kind is OpKind.GEMM)
+
+    def memory_bytes(ops):
+        return sum(op.bytes_moved for op in ops if op.kind is OpKind.MEMORY)
+
+    for cp in (2, 4):
+        assert gemm_flops(_block(cp)) == pytest.approx(gemm_flops(_block(1)) / cp)
+        assert memory_bytes(_block(cp)) == pytest.approx(memory_bytes(_block(1)) / cp)
+
+
+def test_world_size_and_batch():
+    cfg = _cfg(micro_batch=1, grad_accum=2)
+    assert cfg.world_size == 8
+    assert cfg.dp_cp == 8
+    # the cp ranks of a group share their sequences: the batch counts dp only
+    assert cfg.global_batch == 1 * 2 * 4
+
+
+def test_the_ring_and_the_gradient_reduction_move_what_megatron_sends():
+    cfg = _cfg(micro_batch=1, grad_accum=2)
+    report = simulate(LLAMA, cfg, presets.topology("1x8-dgx-h100"), H100)
+    # one step's keys and values: 2 x 4096 tokens x 32 heads x 128 x 2 bytes; per layer and
+    # micro-batch one exchange forward, two backward (keys and values, then their gradients
+    # home)
+    kv = 2 * 4096 * 32 * 128 * 2
+    assert report.traffic_bytes_per_gpu["cp_comm"] == pytest.approx(4 * 2 * 3 * kv)
+    # gradients reduce-scattered in fp32 over the 8 data x context parallel ranks: each sends
+    # 7/8 of them (Megatron-Core's DDP, bf16 with accumulate_allreduce_grads_in_fp32)
+    grads = sum(x.params() for x in LLAMA.layer_list()) * 4
+    assert report.traffic_bytes_per_gpu["grad_reduce"] == pytest.approx(grads * 7 / 8, rel=0.01)
+
+
+def test_activations_split_by_cp_states_by_dp_cp():
+    one, two = ledger(LLAMA, _cfg(cp=1, dp=8)), ledger(LLAMA, _cfg())
+    assert two.activations == pytest.approx(one.activations / 2)
+    # the distributed optimizer shards over dp x cp = 8 ranks either way
+    assert two.optimizer_states == pytest.approx(one.optimizer_states)
+
+
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [
+        ({"dp_engine": "deepspeed"}, "dp_engine"),
+        ({"flash_attention": False}, "flash_attention"),
+    ],
+)
+def test_refused_outside_megatron_core_with_fused_attention(kw, field):
+    with pytest.raises(InputError, match=field):
+        _cfg(**kw)
+
+
+def test_a_sequence_that_does_not_split_into_2_cp_chunks_is_refused():
+    odd = with_overrides(LLAMA, seq_len=8190)
+    with pytest.raises(InputError, match="cp"):
+        check_layout(odd, _cfg(cp=4, dp=2))
