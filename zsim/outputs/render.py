@@ -57,20 +57,24 @@ def _cp(p: dict[str, Any]) -> str:
 
 
 def parallel_summary(cfg: ParallelConfig) -> dict[str, Any]:
-    return ({"cp": cfg.cp} if cfg.cp > 1 else {}) | {
-        "dp": cfg.dp,
-        "tp": cfg.tp,
-        "pp": cfg.pp,
-        "zero_stage": int(cfg.zero_stage),
-        "micro_batch": cfg.micro_batch,
-        "grad_accum": cfg.grad_accum,
-        "global_batch": cfg.global_batch,
-        "precision": str(cfg.precision),
-        "recompute": str(cfg.recompute),
-        "offload": str(cfg.offload),
-        "sequence_parallel": cfg.sequence_parallel,
-        "flash_attention": cfg.flash_attention,
-    } | _non_default(cfg)
+    return (
+        ({"cp": cfg.cp} if cfg.cp > 1 else {})
+        | {
+            "dp": cfg.dp,
+            "tp": cfg.tp,
+            "pp": cfg.pp,
+            "zero_stage": int(cfg.zero_stage),
+            "micro_batch": cfg.micro_batch,
+            "grad_accum": cfg.grad_accum,
+            "global_batch": cfg.global_batch,
+            "precision": str(cfg.precision),
+            "recompute": str(cfg.recompute),
+            "offload": str(cfg.offload),
+            "sequence_parallel": cfg.sequence_parallel,
+            "flash_attention": cfg.flash_attention,
+        }
+        | _non_default(cfg)
+    )
 
 
 def _non_default(cfg: ParallelConfig) -> dict[str, Any]:
