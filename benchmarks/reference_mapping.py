@@ -241,6 +241,9 @@ def layout(row: dict[str, str], fw: str, assumed: list[str]) -> tuple[int, ...]:
     if tp * pp * dp * cp != gpus:
         raise Skip(f"tp*pp*dp*cp = {tp * pp * dp * cp} != {gpus} GPUs")
     vpp = integer(row, "vpp") or implied_interleaving(row, pp, assumed)
+    if vpp > 1 and pp == 1:  # Megatron-Core's initialize_model_parallel refuses it
+        assumed.append(f"no interleaving (vpp {vpp} given at pp 1, which Megatron refuses)")
+        vpp = 1
     batch = integer(row, "global_batch_size")
     if batch is None:
         raise Skip("global batch not given")

@@ -61,6 +61,22 @@ FLAG_CASES: list[tuple[list[str], str]] = [
     (
         [
             *RUN,
+            "--pipeline-engine",
+            "megatron",
+            "--pp-schedule",
+            "interleaved",
+            "--virtual-stages",
+            "2",
+        ],
+        "virtual_stages",
+    ),
+    ([*RUN, "--cp", "0"], "cp"),
+    ([*RUN, "--cp", "3"], "tp x pp x cp"),
+    ([*RUN, "--cp", "2"], "dp_engine"),
+    ([*RUN, "--cp", "2", "--dp-engine", "megatron", "--stage", "1"], "flash_attention"),
+    (
+        [
+            *RUN,
             "--pp",
             "2",
             "--pipeline-engine",

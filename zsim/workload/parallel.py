@@ -253,6 +253,13 @@ class ParallelConfig:
             self.virtual_stages,
             "1 unless --pp-schedule interleaved",
         )
+        require(  # Megatron-Core's parallel_state.initialize_model_parallel
+            self.virtual_stages == 1 or self.pp > 1,
+            "virtual_stages",
+            self.virtual_stages,
+            "1 with pp 1 (Megatron: 'pipeline-model-parallel size should be greater than 1 "
+            "with interleaved schedule')",
+        )
 
     def _check_megatron(self) -> None:
         """Megatron's rules (arguments.py): --tp-comm-overlap needs sequence parallelism; its
