@@ -196,10 +196,12 @@ def recompute(row: dict[str, str], fw: str, assumed: list[str]) -> Recompute:
 UNSTATED_PRECISION = {"bigscience_tr11_prequel": Precision.FP16}
 
 
-def precision(row: dict[str, str], assumed: list[str]) -> Precision:
+def precision(row: dict[str, str], fw: str, assumed: list[str]) -> Precision:
     p = text(row, "precision")
-    if "fp8" in p or "float8" in p:
-        raise Skip("FP8 training is not modelled (precision is fp16/bf16/fp32)")
+    if ("fp8" in p or "float8" in p) and fw != "mcore":
+        raise Skip("FP8 outside Megatron-Core's TransformerEngine (torchao, Composer)")
+    if "fp8" in p:
+        return Precision.FP8
     if p.startswith("not stated"):
         if row["source_id"] not in UNSTATED_PRECISION:
             raise Skip(f"precision not stated ({row['precision']!r})")
@@ -357,7 +359,7 @@ def map_row(row: dict[str, str], file: str) -> Case:
             zero_stage=stage,
             micro_batch=micro,
             grad_accum=accum,
-            precision=precision(row, assumed),
+            precision=precision(row, fw, assumed),
             recompute=recompute(row, fw, assumed),
             sequence_parallel=seq_par,
             pp_schedule=PipelineSchedule.INTERLEAVED if vpp > 1 else PipelineSchedule.ONE_F_ONE_B,

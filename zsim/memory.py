@@ -19,6 +19,7 @@ from dataclasses import dataclass, fields, replace
 
 from zsim.cluster.device import DeviceProfile
 from zsim.step import fsdp, megatron_dp, zero3
+from zsim.workload import fp8
 from zsim.workload.layout import (
     DEFAULT_SPLIT,
     RECOMPUTED,
@@ -317,6 +318,9 @@ def ledger(model: ModelSpec, cfg: ParallelConfig, pipeline_stage: int = 0) -> Me
     split = StageSplit.of(cfg)
     params = stage_params(model, cfg.pp, cfg.virtual_stages, pipeline_stage, cfg.tp, split)
     p, g, o, host = model_state_bytes(params, cfg)
+    if cfg.precision is Precision.FP8:  # TE's FP8 weights and their transposes
+        blocks = sum(x.params(cfg.tp) for x in layers if x.kind is LayerKind.BLOCK)
+        p += blocks * fp8.FP8_WEIGHT_BYTES
     deepspeed3 = cfg.zero_stage is ZeroStage.PARAMETERS and cfg.dp_engine is not FSDP
     if deepspeed3 and model.kind is not ModelKind.PARAMS_ONLY:
         p += zero3_persistent_bytes(cfg, layers)  # FSDP shards every parameter

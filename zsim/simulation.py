@@ -254,7 +254,7 @@ def _simulate(
     step = result.end_s
     stages = tuple(times[grid.rank(0, s, 0)] for s in range(parallel.pp))
     flops, hw_flops = step_flops(model, parallel)
-    peak = device.peak_flops.get(str(parallel.precision), 0.0)
+    peak = device.peak_flops.get(str(parallel.precision.compute), 0.0)  # FP8: its bf16 peak
     gpus = parallel.world_size
     pipeline_stage, ledger = peak_ledger(model, parallel)
     return Report(

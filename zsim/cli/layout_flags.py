@@ -67,7 +67,9 @@ def add_parallel_flags(p: argparse.ArgumentParser, stage: bool = True) -> None:
         g.add_argument(f"--{flag}", metavar="N", help=text)
     if stage:
         g.add_argument("--stage", help="ZeRO stage 0-3")
-    g.add_argument("--precision", help="fp16, bf16 or fp32 (default fp16)")
+    g.add_argument(
+        "--precision", help="fp16, bf16, fp32 (default fp16) or fp8 (TE: --dp-engine megatron)"
+    )
     g.add_argument(
         "--recompute",
         help="none, selective, selective-op (torchtitan's op-level AC), selective-layer "

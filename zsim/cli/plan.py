@@ -43,6 +43,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     objective = parse_choice("objective", args.objective, Objective) or Objective.THROUGHPUT
     top = parse_int("top", args.top) or 5
     precision = parse_choice("precision", args.precision, Precision) or Precision.BF16
+    no_fp8 = "bf16, fp16 or fp32 (the planner's DeepSpeed and FSDP layouts have no FP8; zsim run "
+    no_fp8 += "--dp-engine megatron --precision fp8 models TransformerEngine's)"
+    require(precision is not Precision.FP8, "precision", str(precision), no_fp8)
     space = Space(
         stages=tuple(ZeroStage(v) for v in _ints("stage", args.stage, (0, 1, 2, 3))),
         tps=_ints("tp", args.tp, None),

@@ -134,7 +134,7 @@ class DeviceProfile:
         return self.rates[dtype]
 
     def op_time_s(self, op: ComputeOp, dtype: str) -> float:
-        return self.rates_for(dtype).op_time_s(op)
+        return self.rates_for("fp8" if op.fp8 else dtype).op_time_s(op)
 
     def copy_time_s(self, nbytes: float, dtype: str) -> float:
         """A device-memory copy of `nbytes` (flatten, copy into a bucket, scale in place).

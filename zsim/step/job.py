@@ -54,7 +54,7 @@ class StageJob:
 
     @property
     def dtype(self) -> str:
-        return str(self.cfg.precision)
+        return str(self.cfg.precision.compute)
 
     @property
     def element_bytes(self) -> int:

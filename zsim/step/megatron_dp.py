@@ -40,7 +40,7 @@ MIN_BUCKET_NUMEL = 40_000_000
 
 def grad_bytes(cfg: ParallelConfig) -> int:
     """Bytes per element of Megatron's gradient buffer (main_grad) and its reductions."""
-    return 4 if cfg.precision is Precision.BF16 else cfg.precision.bytes
+    return 4 if cfg.precision.compute is Precision.BF16 else cfg.precision.bytes
 
 
 def chunk_buckets(job: StageJob) -> list[list[list[ParamTensor]]]:

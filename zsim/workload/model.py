@@ -87,6 +87,7 @@ class ComputeOp:
     attention: AttentionShape | None = None  # a fused attention kernel's shape
     kernels: int = 1  # launches (a bandwidth-bound op run eagerly takes several)
     grad: tuple[float, int] | None = None  # its backward's bytes and kernels, where not 1.5x
+    fp8: bool = False  # a GEMM TransformerEngine runs in FP8 (zsim.workload.fp8)
 
 
 @dataclass(frozen=True)

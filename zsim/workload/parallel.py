@@ -43,6 +43,9 @@ class Precision(StrEnum):
     FP16 = "fp16"
     BF16 = "bf16"
     FP32 = "fp32"
+    # TransformerEngine's FP8 (Megatron-Core --fp8-format): the blocks' linears in FP8, the
+    # rest, the parameters and the activations in bf16 (zsim.workload.fp8)
+    FP8 = "fp8"
 
     @property
     def bytes(self) -> int:
@@ -51,6 +54,11 @@ class Precision(StrEnum):
     @property
     def mixed(self) -> bool:
         return self is not Precision.FP32
+
+    @property
+    def compute(self) -> Precision:
+        """The dtype of every kernel but FP8's GEMMs (and of the peak MFU is counted against)."""
+        return Precision.BF16 if self is Precision.FP8 else self
 
 
 class Recompute(StrEnum):
@@ -213,8 +221,11 @@ class ParallelConfig:
             require(fsdp, "dp_engine", str(self.dp_engine), f"fsdp {why}")
 
     def _check_context(self) -> None:
-        """Context parallelism as zsim models it: Megatron-Core's, with TE's fused attention
-        (`zsim.workload.context_parallel`)."""
+        """Context parallelism and FP8 as zsim models them: Megatron-Core's on TransformerEngine
+        (`zsim.workload.context_parallel`, `zsim.workload.fp8`), CP with its fused attention."""
+        if self.precision is Precision.FP8:  # TransformerEngine's, as Megatron-Core runs it
+            fp8 = "with precision fp8 (TransformerEngine's FP8 under Megatron-Core)"
+            require(self.dp_engine is DpEngine.MEGATRON, "dp_engine", str(self.dp_engine), fp8)
         if self.cp == 1:
             return
         why = "with cp > 1 (Megatron-Core's context parallelism)"

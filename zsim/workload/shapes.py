@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from zsim.workload import eager
+from zsim.workload import eager, fp8
 from zsim.workload.eager import Elementwise
 from zsim.workload.mechanisms import Mechanism
 from zsim.workload.model import (
@@ -26,7 +26,7 @@ from zsim.workload.model import (
     OpKind,
     modules_of,
 )
-from zsim.workload.parallel import ParallelConfig
+from zsim.workload.parallel import ParallelConfig, Precision
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,7 @@ class Shard:
     attention_kernel: AttentionKernel = AttentionKernel.FLASH2
     elementwise: Elementwise = Elementwise.FUSED
     cp: int = 1  # context-parallel ranks: this one sees s / cp tokens of each sequence
+    fp8: bool = False  # the blocks' linears in FP8 (zsim.workload.fp8)
 
     @classmethod
     def of(cls, cfg: ParallelConfig) -> Shard:
@@ -54,6 +55,7 @@ class Shard:
             cfg.attention_kernel,
             cfg.elementwise if cfg.models(Mechanism.EAGER_OPS) else Elementwise.FUSED,
             cfg.cp,
+            cfg.precision is Precision.FP8,
         )
 
 
@@ -166,6 +168,7 @@ class _Shapes:
         self.sp = shard.tp if shard.sequence_parallel else 1
         self.d = shard.dtype_bytes
         self.kernel = shard.attention_kernel
+        self.fp8 = shard.fp8
         self.elementwise = shard.elementwise
 
     def gemm(
@@ -221,7 +224,7 @@ class _Shapes:
         qkv_out = (h + 2 * m.n_kv_heads * hd) // t
         fc1_out = f * (2 if m.gated_mlp else 1) // t
         sbh_rep = tok * h / self.sp  # replicated across TP unless sequence parallel
-        ops = [self.norm("ln1", sbh_rep), self.gemm("qkv", tok, qkv_out, h, module="qkv")]
+        ops = [self.norm("ln1", sbh_rep), *self.linear_gemm("qkv", tok, qkv_out, h)]
         ops += self.rotary_and_repeat()
         if flash:
             ops += self.attention()
@@ -233,15 +236,20 @@ class _Shapes:
                 self.gemm("attn_values", self.s, hd, self.s, batch=self.b * heads),
             ]
         ops += [
-            self.gemm("proj", tok, h, h // t, module="proj"),
+            *self.linear_gemm("proj", tok, h, h // t),
             self.memory("residual1", sbh_rep, passes=4.0 if m.dropout else 3.0),
             self.norm("ln2", sbh_rep),
-            self.gemm("fc1", tok, fc1_out, h, module="fc1"),
+            *self.linear_gemm("fc1", tok, fc1_out, h),
             *self.activation(tok * f / t),
-            self.gemm("fc2", tok, h, f // t, module="fc2"),
+            *self.linear_gemm("fc2", tok, h, f // t),
             self.memory("residual2", sbh_rep, passes=4.0 if m.dropout else 3.0),
         ]
         return tuple(ops)
+
+    def linear_gemm(self, name: str, m: int, n: int, k: int) -> list[ComputeOp]:
+        """A block's linear: in FP8 between TE's casts (`zsim.workload.fp8.around`)."""
+        gemm = self.gemm(name, m, n, k, module=name)
+        return fp8.around(gemm) if self.fp8 and name in fp8.FP8_GEMMS else [gemm]
 
     def attention(self) -> list[ComputeOp]:
         """Fused attention of the rank's queries: over the whole sequence or, with context

@@ -1,0 +1,47 @@
+"""TransformerEngine's FP8 training as Megatron-Core runs it (`--fp8-format`, delayed scaling).
+
+Under `fp8_autocast` TE's linear modules (Megatron-Core's `TELayerNormColumnParallelLinear`,
+`TERowParallelLinear`: a block's qkv, proj, fc1 and fc2) run their three GEMMs in FP8; the
+output layer (Megatron-Core's own `ColumnParallelLinear`), the attention kernel and every
+bandwidth-bound op stay in bf16, as do the parameters, the gradients, the optimizer and the
+activations zsim keeps. An FP8 GEMM is costed at the GPU's FP8 rate (its preset's FP8 peak x
+the efficiency of the FP8 cuBLASLt rows on Hopper; a GPU without an FP8 peak refuses fp8).
+
+Around each FP8 GEMM (transformer_engine/pytorch/module/linear.py, layernorm_linear.py): its
+input is cast to FP8 in the forward and the gradient of its output in the backward, each with
+its transpose, since Hopper's FP8 GEMMs take only the TN layout (`cast_transpose`,
+transformer_engine/common/transpose/cast_transpose.cu): a pass reading 2 bytes and writing
+1 + 1 an element. Each weight keeps an FP8 copy and its transpose (`Float8Tensor`), cast once
+a step (Megatron passes `is_first_microbatch`, so TE reuses it over the micro-batches).
+
+Not modelled: the casts TE fuses into the kernel before them (the norm's output written in
+FP8 by LayerNormLinear, the activation's by LayerNormMLP): each cast here is a pass of its own,
+an upper bound; sequence parallelism's all-gathers in FP8 (costed in bf16); the once-a-step
+weight casts and amax reductions (a pass over the weights, small beside a step's GEMMs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from zsim.workload.model import ComputeOp, OpKind
+
+FP8_GEMMS = frozenset({"qkv", "proj", "fc1", "fc2"})
+"""A block's GEMMs TE runs in FP8 (its linear modules; the logits' output layer is not one)."""
+
+CAST_TRANSPOSE_BYTES = 4.0
+"""Bytes a cast to FP8 with its transpose moves per element: bf16 read, FP8 and FP8^T written."""
+
+FP8_WEIGHT_BYTES = 2.0
+"""Bytes per parameter of TE's FP8 weight copy and its transpose, beside the bf16 parameter."""
+
+
+def around(gemm: ComputeOp) -> list[ComputeOp]:
+    """An FP8 GEMM between its casts: of its input before it (forward only) and of its output's
+    gradient after it (backward only: reversed, it comes before the GEMM's own backward)."""
+    m, n, k = gemm.gemm_shape
+    into = ComputeOp(f"{gemm.name}_cast_in", OpKind.MEMORY, 0.0, CAST_TRANSPOSE_BYTES * m * k,
+                     grad=(0.0, 0))  # fmt: skip
+    grad = (CAST_TRANSPOSE_BYTES * m * n, 1)
+    out = ComputeOp(f"{gemm.name}_cast_grad", OpKind.MEMORY, 0.0, 0.0, kernels=0, grad=grad)
+    return [into, replace(gemm, fp8=True), out]
