@@ -60,6 +60,20 @@ def test_a_point_zsim_refuses_is_a_row_that_says_why(tmp_path):
     assert all("micro" in r["reason"] or "batch" in r["reason"] for r in rows)
 
 
+def test_context_parallel_points_leave_dp_to_what_tp_pp_cp_leave(tmp_path):
+    spec = _spec(
+        tmp_path,
+        "models: [gpt-125m]\ntopologies: [1x8-nvlink]\nlayouts: {stage: 1, dp_engine: megatron, "
+        "flash_attention: true, cp: [1, 2], tp: [1, 2], global_batch: 16}\n",
+    )
+    assert main(["sweep", str(spec), "--workers", "1"]) == 0
+    rows = _rows(tmp_path / "spec.csv")
+    assert {(r["cp"], r["tp"], r["dp"]) for r in rows} == {
+        ("1", "1", "8"), ("2", "1", "4"), ("1", "2", "4"), ("2", "2", "2")
+    }  # fmt: skip
+    assert all(r["status"] == "ok" for r in rows)
+
+
 @pytest.mark.parametrize(
     ("text", "needle"),
     [

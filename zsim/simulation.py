@@ -215,7 +215,8 @@ def simulate(
         "dp x tp x pp x cp" if parallel.cp > 1 else "dp x tp x pp",
         parallel.world_size,
         f"the {topology.world_size} GPUs of {topology.name} "
-        f"(dp={parallel.dp}, tp={parallel.tp}, pp={parallel.pp}, cp={parallel.cp})",
+        f"(dp={parallel.dp}, tp={parallel.tp}, pp={parallel.pp}"
+        + (f", cp={parallel.cp})" if parallel.cp > 1 else ")"),
     )
     slow = dict(stragglers or {})
     check_stragglers(slow, parallel.world_size, full)

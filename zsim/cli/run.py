@@ -169,7 +169,8 @@ def _write_views(args: argparse.Namespace, name: str, cfg: ParallelConfig, repor
     if args.plot:
         from zsim.outputs.timeline import timeline
 
-        title = f"{name}: ZeRO-{int(cfg.zero_stage)}, dp={cfg.dp} tp={cfg.tp} pp={cfg.pp}"
+        cp = f" cp={cfg.cp}" if cfg.cp > 1 else ""
+        title = f"{name}: ZeRO-{int(cfg.zero_stage)}, dp={cfg.dp} tp={cfg.tp} pp={cfg.pp}{cp}"
         fig = timeline(report.engine.spans, title, passes=report.engine.passes)
         write_output(args.plot, fig)
 
@@ -202,10 +203,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         notes.append("switched off (an ablation): " + ", ".join(sorted(without)))
     check_layout(model, cfg)
     if cfg.world_size != world:
+        with_cp = f", cp={cfg.cp}" if cfg.cp > 1 else ""
         raise InputError(
-            "dp x tp x pp",
+            "dp x tp x pp" + (" x cp" if with_cp else ""),
             cfg.world_size,
-            f"the {world} GPUs of {topology.name} (dp={cfg.dp}, tp={cfg.tp}, pp={cfg.pp})",
+            f"the {world} GPUs of {topology.name} (dp={cfg.dp}, tp={cfg.tp}, pp={cfg.pp}{with_cp})",
         )
     device = _device(args, topology)
     if cfg.tp_comm_overlap and cfg.tp > 1 and cfg.tp_overlap_sms and not device.sm_count:

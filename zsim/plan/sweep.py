@@ -14,13 +14,14 @@ A spec (YAML or JSON):
       micro_batch: [1, 2]
 
 Layout keys are `zsim run`'s flags (underscores); dp is what the cluster leaves
-(GPUs / (tp x pp)). In plan mode the keys are `global_batch`, `seq_len`, `objective`.
+(GPUs / (tp x pp x cp)). In plan mode the keys are `global_batch`, `seq_len`, `objective`.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,8 +29,9 @@ from typing import Any
 from zsim.errors import InputError, require
 
 LAYOUT_KEYS = (
-    "stage", "tp", "pp", "micro_batch", "grad_accum", "global_batch", "precision", "recompute",
-    "offload", "pp_schedule", "pipeline_engine", "virtual_stages", "sequence_parallel",
+    "stage", "tp", "pp", "cp", "micro_batch", "grad_accum", "global_batch", "precision",
+    "recompute", "offload", "pp_schedule", "pipeline_engine", "virtual_stages", "dp_engine",
+    "sequence_parallel",
     "flash_attention", "attention_kernel", "elementwise", "overlap_comm", "reduce_bucket_size",
     "prefetch_bucket_size",
 )  # fmt: skip
@@ -125,9 +127,10 @@ def _simulate(point: Point) -> dict[str, Any]:
 
     model, topo, device = _context(point)
     flags = dict(point.settings)
-    tp, pp = int(flags.get("tp", 1)), int(flags.get("pp", 1))
-    require(topo.world_size % (tp * pp) == 0, "tp x pp", tp * pp, f"a divisor of {topo.world_size}")
-    cfg, _ = build_parallel(dp=topo.world_size // (tp * pp), hidden=model.hidden, **flags)
+    split = math.prod(int(flags.get(k, 1)) for k in ("tp", "pp", "cp"))
+    what = "tp x pp x cp" if "cp" in flags else "tp x pp"
+    require(topo.world_size % split == 0, what, split, f"a divisor of {topo.world_size}")
+    cfg, _ = build_parallel(dp=topo.world_size // split, hidden=model.hidden, **flags)
     check_layout(model, cfg)
     report = simulate(model, cfg, topo, device)
     return _results(report, topo.world_size, cfg)
