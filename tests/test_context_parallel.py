@@ -11,6 +11,10 @@ from zsim.inputs import presets
 from zsim.inputs.scenario import check_layout
 from zsim.memory import ledger
 from zsim.simulation import simulate
+from zsim.step.job import StageJob
+from zsim.step.kernels import LayerKernels
+from zsim.step.program import Category, Stream
+from zsim.workload.layout import layer_passes
 from zsim.workload.model import LayerKind, OpKind
 from zsim.workload.model_presets import preset, with_overrides
 from zsim.workload.parallel import ParallelConfig
@@ -112,3 +116,58 @@ def test_a_sequence_that_does_not_split_into_2_cp_chunks_is_refused():
     odd = with_overrides(LLAMA, seq_len=8190)
     with pytest.raises(InputError, match="cp"):
         check_layout(odd, _cfg(cp=4, dp=2))
+
+
+class _Recorder:
+    """An emitter that keeps each task's name, stream, bytes and dependencies."""
+
+    def __init__(self):
+        self.tasks = []
+
+    def compute(self, name, _seconds, _category, deps, stream=Stream.COMPUTE):
+        return self._add(name, stream, 0.0, deps)
+
+    def comm(self, name, comm, _category, deps, stream=Stream.COMPUTE):
+        return self._add(name, stream, comm.nbytes, deps)
+
+    def _add(self, name, stream, nbytes, deps):
+        self.tasks.append((name, stream, nbytes, tuple(deps)))
+        return len(self.tasks) - 1
+
+
+def _backward_tasks(cp: int) -> list:
+    cfg = _cfg(cp=cp, dp=8 // cp, micro_batch=1)
+    job = StageJob.of(LLAMA, cfg, H100, 0, False)
+    block = next(x for x in LLAMA.layer_list() if x.kind is LayerKind.BLOCK)
+    rec = _Recorder()
+    backward = layer_passes(LLAMA, cfg, block).backward
+    end = LayerKernels(job, None).run_ops(rec, block, backward, False, Category.BACKWARD, [], "b")
+    return rec.tasks, end
+
+
+def test_the_backward_ring_follows_te():
+    # TE's backward (AttnFuncWithCPAndKVP2P): each exchange after the first carries the keys
+    # and values and the gradients of the step before, so it waits for that step; beside the
+    # last step only those gradients go home, on the ring's stream, and the layer waits for them
+    tasks, end = _backward_tasks(4)
+    kv = 2 * 2048 * 32 * 128 * 2  # s / cp = 2048 tokens of k and v, 32 heads of 128, bf16
+    steps = [i for i, t in enumerate(tasks) if "attention" in t[0]]
+    rings = [i for i, t in enumerate(tasks) if t[0].endswith("cp_exchange")]
+    assert len(steps) == 4
+    assert len(rings) == 4  # cp - 1 exchanges ahead and the gradients home
+    ring_bytes = [tasks[i][2] * 3 / 4 for i in rings]  # each rank sends (cp - 1) / cp of it
+    assert ring_bytes == pytest.approx([kv, 2 * kv, 2 * kv, kv])
+    assert all(tasks[i][1] is Stream.CP for i in rings)
+    for ring in rings[1:]:  # after the step before it
+        assert any(d in steps and d < ring for d in tasks[ring][3])
+    assert _waits_for(tasks, end, rings[-1])
+
+
+def _waits_for(tasks, task, target) -> bool:
+    return target in tasks[task][3] or any(_waits_for(tasks, d, target) for d in tasks[task][3])
+
+
+def test_the_optimizer_shards_over_dp_x_cp():
+    # Megatron's distributed optimizer shards over data x context parallel ranks
+    for cp in (1, 2, 4):
+        assert _cfg(cp=cp, dp=8 // cp).shard_ranks == 8

@@ -7,10 +7,13 @@ from dataclasses import replace
 
 import pytest
 
+from zsim.cluster.device import LayerTime, layer_time_key
 from zsim.errors import InputError
 from zsim.inputs import presets
 from zsim.memory import ledger
 from zsim.simulation import simulate
+from zsim.step.job import StageJob
+from zsim.step.kernels import LayerKernels
 from zsim.workload.layout import layer_passes
 from zsim.workload.model import LayerKind, OpKind
 from zsim.workload.model_presets import preset, with_overrides
@@ -65,8 +68,11 @@ def test_casts_read_bf16_and_write_fp8_and_its_transpose():
 
 def test_fp8_weight_copies_add_two_bytes_a_block_parameter():
     bf16, fp8 = ledger(LLAMA, _cfg(precision="bf16")), ledger(LLAMA, _cfg())
-    blocks = sum(x.params() for x in LLAMA.layer_list() if x.kind is LayerKind.BLOCK)
-    assert fp8.parameters - bf16.parameters == pytest.approx(2 * blocks)
+    # the linears' weights of a Llama block (no biases, norms not TE's copies): qkv h x 3h,
+    # proj h x h, fc1 h x 2f (gated), fc2 f x h
+    h, f = 4096, 11008
+    weights = 2 * (3 * h * h + h * h + 2 * h * f + f * h)
+    assert fp8.parameters - bf16.parameters == pytest.approx(2 * weights)
     assert fp8.activations == bf16.activations  # kept in bf16 (TE's FP8 saves: not modelled)
 
 
@@ -91,3 +97,13 @@ def test_no_fp8_op_without_fp8():
     ops = forward_ops(LLAMA, BLOCK, Shard(1, flash_attention=True))
     assert not any(op.fp8 for op in ops)
     assert not any(op.kind is OpKind.MEMORY and "cast" in op.name for op in ops)
+
+
+def test_a_profiles_16_bit_layer_times_do_not_stand_for_fp8():
+    # a calibrated profile's block time was measured in bf16: it times a bf16 job's block,
+    # not an FP8 one's
+    key = layer_time_key(LLAMA, LayerKind.BLOCK, 1, "bf16", 1, True)
+    profile = replace(H100, layer_times={key: LayerTime(1.0, 2.0)})
+    for precision, timed in (("bf16", True), ("fp8", False)):
+        job = StageJob.of(LLAMA, _cfg(precision=precision, micro_batch=1), profile, 0, False)
+        assert (LayerKernels(job, None).measured(BLOCK) is not None) is timed

@@ -319,8 +319,7 @@ def ledger(model: ModelSpec, cfg: ParallelConfig, pipeline_stage: int = 0) -> Me
     params = stage_params(model, cfg.pp, cfg.virtual_stages, pipeline_stage, cfg.tp, split)
     p, g, o, host = model_state_bytes(params, cfg)
     if cfg.precision is Precision.FP8:  # TE's FP8 weights and their transposes
-        blocks = sum(x.params(cfg.tp) for x in layers if x.kind is LayerKind.BLOCK)
-        p += blocks * fp8.FP8_WEIGHT_BYTES
+        p += fp8.weight_params(layers, cfg.tp) * fp8.FP8_WEIGHT_BYTES
     deepspeed3 = cfg.zero_stage is ZeroStage.PARAMETERS and cfg.dp_engine is not FSDP
     if deepspeed3 and model.kind is not ModelKind.PARAMS_ONLY:
         p += zero3_persistent_bytes(cfg, layers)  # FSDP shards every parameter

@@ -24,6 +24,7 @@ from zsim.step.fixed_tp import tp_fixed_time
 from zsim.step.fold import find_fold, fold_result, fold_times, short_config
 from zsim.step.spans import EngineResult, Fold, FusedPass, Span
 from zsim.step.trace import RankTimes, rank_times, rank_times_and_window
+from zsim.workload.context_parallel import check_model
 from zsim.workload.layout import layer_ac_blocks
 from zsim.workload.mechanisms import Mechanism
 from zsim.workload.model import ModelSpec
@@ -218,6 +219,7 @@ def simulate(
         f"(dp={parallel.dp}, tp={parallel.tp}, pp={parallel.pp}"
         + (f", cp={parallel.cp})" if parallel.cp > 1 else ")"),
     )
+    check_model(model, parallel.cp)  # Python callers skip the CLI's check_layout
     slow = dict(stragglers or {})
     check_stragglers(slow, parallel.world_size, full)
     with _no_cycle_collection():

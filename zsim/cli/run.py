@@ -98,13 +98,16 @@ def _parallel_from(
 def cmd_memory(args: argparse.Namespace) -> int:
     model = _model_from(args)
     pipelined = args.pp not in (None, "1")
+    megatron = getattr(args, "dp_engine", None) == "megatron"  # its DDP: ZeRO-0 or 1 only
     # built at the highest stage the layout allows, then compared at each allowed stage
-    cfg, notes = _parallel_from(args, model, stage="1" if pipelined else "3")
+    cfg, notes = _parallel_from(args, model, stage="1" if pipelined or megatron else "3")
     check_layout(model, cfg)
     device = presets.gpu(args.gpu)
-    stages = [s for s in ZeroStage if cfg.pp == 1 or s <= ZeroStage.OPTIMIZER]
+    low = cfg.pp > 1 or megatron
+    stages = [s for s in ZeroStage if not low or s <= ZeroStage.OPTIMIZER]
     if len(stages) < len(ZeroStage):
-        notes.append("pp > 1: ZeRO-2 and ZeRO-3 left out (DeepSpeed's pipeline takes 0 or 1)")
+        why = "Megatron-Core's DDP" if megatron else "DeepSpeed's pipeline"
+        notes.append(f"ZeRO-2 and ZeRO-3 left out ({why} takes 0 or 1)")
     ledgers = {s: peak_ledger(model, with_stage(cfg, s)) for s in stages}
     if model.kind is ModelKind.PARAMS_ONLY:
         notes.append(

@@ -169,7 +169,7 @@ class Estimator:
         exposed, optimizer = max(t[:2] for t in tails)
         step = compute + bubble + exposed + optimizer
         flops = 3 * self._forward_flops(cfg.micro_batch) * cfg.grad_accum * cfg.dp
-        peak = self.device.peak_flops.get(str(cfg.precision), 0.0)
+        peak = self.device.peak_flops.get(str(cfg.precision.compute), 0.0)
         return Estimate(
             step,
             compute,
@@ -385,7 +385,7 @@ class Estimator:
         key = ("step", cfg.zero_stage, cfg.dp_engine, cfg.precision, shard)
         if key not in self._flops:
             prepare = step_passes(self.job(cfg, stage), shard)
-            self._flops[key] = device.copy_time_s(prepare, str(cfg.precision))
+            self._flops[key] = device.copy_time_s(prepare, str(cfg.precision.compute))
         return self._flops[key] + shard * ADAM_STEP_BYTES_PER_PARAM / device.optimizer_bytes_per_s
 
 

@@ -122,12 +122,12 @@ def _context(point: Point) -> tuple[Any, Any, Any]:
 
 
 def _simulate(point: Point) -> dict[str, Any]:
-    from zsim.inputs.scenario import build_parallel, check_layout
+    from zsim.inputs.scenario import build_parallel, check_layout, parse_int
     from zsim.simulation import simulate
 
     model, topo, device = _context(point)
     flags = dict(point.settings)
-    split = math.prod(int(flags.get(k, 1)) for k in ("tp", "pp", "cp"))
+    split = math.prod(parse_int(k, flags.get(k)) or 1 for k in ("tp", "pp", "cp"))
     what = "tp x pp x cp" if "cp" in flags else "tp x pp"
     require(topo.world_size % split == 0, what, split, f"a divisor of {topo.world_size}")
     cfg, _ = build_parallel(dp=topo.world_size // split, hidden=model.hidden, **flags)

@@ -40,6 +40,7 @@ from zsim.workload.context_parallel import kv_exchange_bytes
 from zsim.workload.layout import layer_passes
 from zsim.workload.mechanisms import Mechanism
 from zsim.workload.model import ComputeOp, Layer, OpKind
+from zsim.workload.parallel import Precision
 from zsim.workload.te_overlap import gemm_slowdown
 
 H = TypeVar("H")
@@ -78,9 +79,9 @@ class LayerKernels:
 
     def measured(self, layer: Layer) -> LayerTime | None:
         """The calibrated times of `layer` at the job's shape, if the profile has them (its
-        layers ran whole sequences: none with context parallelism)."""
+        layers ran whole sequences in 16 or 32 bits: none with context parallelism or FP8)."""
         c, job = self.job.cfg, self.job
-        if c.cp > 1:
+        if c.cp > 1 or c.precision is Precision.FP8:  # not what the profile timed
             return None
         key = layer_time_key(
             job.model, layer.kind, c.micro_batch, job.dtype, c.tp, c.flash_attention
@@ -346,32 +347,34 @@ class _TpCollectives(Generic[H]):
             self.last = [self._comm(kind, 1.0, self.last, Stream.COMPUTE)]
 
     def _cp_step(self, op: ComputeOp) -> None:
-        """One of TE's context-parallel attention steps (`zsim.workload.context_parallel`):
-        the next step's keys and values travel beside it, it waits for its own; in the
-        backward they travel with the previous step's key and value gradients, and the last
-        step's gradients are sent home before the layer goes on."""
+        """One of TE's context-parallel attention steps (`zsim.workload.context_parallel`),
+        its ring exchange posted as it starts, beside it: in the forward the next step's keys
+        and values, once its own have arrived; in the backward with them the key and value
+        gradients of the step before (so after that step too), and beside the last step only
+        those gradients, sent home, which the layer waits for."""
         self.flush()
         arrived = [] if self.kv is None else [self.kv]
         if not arrived:  # the pass's first step: the ring starts
             self.exchanges_left = self.cp - 1
         deps = [*self.last, *arrived]
-        ahead = None
-        if self.exchanges_left:  # posted as the step starts, once its own keys are in
-            doubled = not self.forward and bool(arrived)  # with the previous step's gradients
-            nbytes = self.kv_bytes * (2.0 if doubled else 1.0)
-            ahead = self._cp_comm(arrived or self.last, nbytes, Stream.CP)
+        carried = not self.forward and bool(arrived)  # the previous step's gradients
+        ahead = home = None
+        if self.exchanges_left:
+            nbytes = self.kv_bytes * (2.0 if carried else 1.0)
+            ahead = self._cp_comm(deps if carried else (arrived or self.last), nbytes)
             self.exchanges_left -= 1
+        elif carried:
+            home = self._cp_comm(deps, self.kv_bytes)
         seconds = self._seconds([op])
-        self.last = [self.emit.compute(f"{self.tag}.{op.name}", seconds, self.category, deps)]
+        step = self.emit.compute(f"{self.tag}.{op.name}", seconds, self.category, deps)
         self.kv = ahead
-        if ahead is None and not self.forward:
-            self.last = [self._cp_comm(self.last, self.kv_bytes, Stream.COMPUTE)]
+        self.last = [step] if home is None else [step, home]
 
-    def _cp_comm(self, deps: list[H], nbytes: float, stream: Stream) -> H:
+    def _cp_comm(self, deps: list[H], nbytes: float) -> H:
         """A ring step: every rank of the group sends `nbytes` to the next; timed as the ring
         all-gather in which every rank sends that much (output cp x nbytes / (cp - 1))."""
         comm = Comm(CollectiveOp.ALL_GATHER, nbytes * self.cp / (self.cp - 1), Group.CP)
-        return self.emit.comm(f"{self.tag}.cp_exchange", comm, Category.CP_COMM, deps, stream)
+        return self.emit.comm(f"{self.tag}.cp_exchange", comm, Category.CP_COMM, deps, Stream.CP)
 
     def _pipelined(self, op: ComputeOp) -> None:
         """GEMM + reduce-scatter in PIPELINE_SPLITS chunks: each chunk's reduce-scatter runs

@@ -14,17 +14,19 @@ transformer_engine/common/transpose/cast_transpose.cu): a pass reading 2 bytes a
 1 + 1 an element. Each weight keeps an FP8 copy and its transpose (`Float8Tensor`), cast once
 a step (Megatron passes `is_first_microbatch`, so TE reuses it over the micro-batches).
 
-Not modelled: the casts TE fuses into the kernel before them (the norm's output written in
-FP8 by LayerNormLinear, the activation's by LayerNormMLP): each cast here is a pass of its own,
-an upper bound; sequence parallelism's all-gathers in FP8 (costed in bf16); the once-a-step
+With sequence parallelism, the inputs of qkv and fc1 are cast on the rank's shard, before TE
+gathers them. Not modelled: the casts TE fuses into the kernel before them (the norm's output
+written in FP8 by LayerNormLinear, the activation's by LayerNormMLP): each cast here is a pass
+of its own, an upper bound; those all-gathers moving FP8 (costed in bf16); the once-a-step
 weight casts and amax reductions (a pass over the weights, small beside a step's GEMMs).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 
-from zsim.workload.model import ComputeOp, OpKind
+from zsim.workload.model import ComputeOp, Layer, LayerKind, OpKind
 
 FP8_GEMMS = frozenset({"qkv", "proj", "fc1", "fc2"})
 """A block's GEMMs TE runs in FP8 (its linear modules; the logits' output layer is not one)."""
@@ -36,12 +38,21 @@ FP8_WEIGHT_BYTES = 2.0
 """Bytes per parameter of TE's FP8 weight copy and its transpose, beside the bf16 parameter."""
 
 
-def around(gemm: ComputeOp) -> list[ComputeOp]:
+def around(gemm: ComputeOp, gathered: int = 1) -> list[ComputeOp]:
     """An FP8 GEMM between its casts: of its input before it (forward only) and of its output's
-    gradient after it (backward only: reversed, it comes before the GEMM's own backward)."""
+    gradient after it (backward only: reversed, it comes before the GEMM's own backward). An
+    input sequence parallelism gathers from `gathered` ranks is cast on the rank's shard,
+    before the gather (TE's LayerNormLinear)."""
     m, n, k = gemm.gemm_shape
-    into = ComputeOp(f"{gemm.name}_cast_in", OpKind.MEMORY, 0.0, CAST_TRANSPOSE_BYTES * m * k,
-                     grad=(0.0, 0))  # fmt: skip
+    cast = CAST_TRANSPOSE_BYTES * m * k / gathered
+    into = ComputeOp(f"{gemm.name}_cast_in", OpKind.MEMORY, 0.0, cast, grad=(0.0, 0))
     grad = (CAST_TRANSPOSE_BYTES * m * n, 1)
     out = ComputeOp(f"{gemm.name}_cast_grad", OpKind.MEMORY, 0.0, 0.0, kernels=0, grad=grad)
     return [into, replace(gemm, fp8=True), out]
+
+
+def weight_params(layers: Iterable[Layer], tp: int) -> int:
+    """Elements of the FP8 GEMMs' weights among `layers` on one TP rank (TE copies these)."""
+    weights = {f"{name}.weight" for name in FP8_GEMMS}
+    blocks = (x for x in layers if x.kind is LayerKind.BLOCK)
+    return sum(t.per_rank(tp) for x in blocks for t in x.tensors if t.name in weights)

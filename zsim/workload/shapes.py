@@ -249,14 +249,14 @@ class _Shapes:
     def linear_gemm(self, name: str, m: int, n: int, k: int) -> list[ComputeOp]:
         """A block's linear: in FP8 between TE's casts (`zsim.workload.fp8.around`)."""
         gemm = self.gemm(name, m, n, k, module=name)
-        return fp8.around(gemm) if self.fp8 and name in fp8.FP8_GEMMS else [gemm]
+        gathered = self.sp if name in ("qkv", "fc1") else 1  # sequence parallel's inputs
+        return fp8.around(gemm, gathered) if self.fp8 and name in fp8.FP8_GEMMS else [gemm]
 
     def attention(self) -> list[ComputeOp]:
-        """Fused attention of the rank's queries: over the whole sequence or, with context
-        parallelism, TE's cp steps (`zsim.workload.context_parallel`): its own chunks under the
-        causal mask, then half of each other rank's keys without it. Each step runs at the
-        non-causal rate of the rank's s / cp tokens (the figures' shapes are square, a ring
-        step's s / cp x s / 2cp)."""
+        """Fused attention of the rank's queries: over the whole sequence or TE's cp steps
+        (`zsim.workload.context_parallel`): its own chunks under the causal mask, then half of
+        each other rank's keys without it, at the rate of the rank's s / cp tokens (the
+        figures' shapes are square, a ring step's s / cp x s / 2cp)."""
         own = self.flash("flash_attention", self.s, causal=True)
         ring = [self.flash(f"cp_attention_{i}", self.s // 2, False) for i in range(1, self.cp)]
         return [own, *ring]

@@ -37,6 +37,8 @@ class _Layout(Protocol):
     @property
     def dp(self) -> int: ...
     @property
+    def cp(self) -> int: ...
+    @property
     def pp(self) -> int: ...
     @property
     def zero_stage(self) -> int: ...
@@ -54,9 +56,9 @@ class _Layout(Protocol):
 
 def shard_ranks(cfg: _Layout) -> int:
     """The ranks one copy of the sharded model states spans: the hybrid mesh's shard
-    dimension, else every data-parallel rank."""
+    dimension, else every data-parallel rank (with context parallelism, data x context)."""
     hybrid = cfg.dp_engine == "fsdp" and cfg.fsdp_sharding is FsdpSharding.HYBRID
-    return cfg.fsdp_shard_size if hybrid else cfg.dp
+    return cfg.fsdp_shard_size if hybrid else cfg.dp * cfg.cp
 
 
 def node_shard_size(gpus_per_node: int, tp: int, dp: int) -> int:
