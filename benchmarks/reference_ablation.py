@@ -57,10 +57,11 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     done = [r for r in results if r["status"] == "compared"]
     sources = sorted({r["source_id"] for r in done})
     fig, (parity, scale) = plt.subplots(1, 2, figsize=(13, 5.5))
-    colours = plt.get_cmap("tab10")
+    colours = plt.get_cmap("tab20")  # tab10's ten colours and their light twins: 20 sources
     for i, source in enumerate(sources):
         mine = [r for r in done if r["source_id"] == source]
-        kw = {"color": colours(i % 10), "s": 22, "alpha": 0.85}
+        shade = 2 * (i % 10) + (i // 10) % 2
+        kw = {"color": colours(shade), "marker": "os^D"[i // 10 % 4], "s": 22, "alpha": 0.85}
         med = statistics.median(float(r["error_pct"]) for r in mine)
         label = f"{source} ({len(mine)}, median {med:+.0f} %)"
         parity.scatter([r["measured_step_s"] for r in mine],
