@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+from tests.helpers_signals import popen_taking_ctrl_c
+
 
 def _cpu_s(pid: int) -> float:
     """The process's user + system CPU seconds so far (/proc/PID/stat fields 14 and 15)."""
@@ -29,7 +31,7 @@ def test_ctrl_c_during_a_long_run_leaves_no_output_file(tmp_path):
     trace, plot = tmp_path / "step.json", tmp_path / "step.png"
     command = [sys.executable, "-m", "zsim", "run", *args.split()]
     command += ["--trace", str(trace), "--plot", str(plot)]
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = popen_taking_ctrl_c(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _past_start_up(child)  # inside the simulation
     assert child.poll() is None, "the run ended before it could be interrupted"
     child.send_signal(signal.SIGINT)

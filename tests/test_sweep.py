@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from tests.helpers_signals import popen_taking_ctrl_c
 from zsim.cli import main
 
 SPEC = """
@@ -128,7 +129,7 @@ def test_ctrl_c_keeps_every_finished_row(tmp_path):
     spec = _spec(tmp_path, SPEC.replace("gpt-125m", "gpt-1.3b").replace("[2, 4]", "[1, 2, 4, 8]"))
     out = tmp_path / "spec.csv"
     command = [sys.executable, "-m", "zsim", "sweep", str(spec), "--workers", "1"]
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = popen_taking_ctrl_c(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and (not out.exists() or len(_rows(out)) < 2):
         time.sleep(0.2)

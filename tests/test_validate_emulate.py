@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers_signals import popen_taking_ctrl_c
 from zsim.errors import InputError
 from zsim.testbed import emulate, procs
 from zsim.testbed.emulate import EmulatedCluster
@@ -111,7 +112,7 @@ def test_removes_everything_when_the_block_raises() -> None:
 @needs_root
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_removes_everything_on_a_signal(sig: signal.Signals) -> None:
-    proc = subprocess.Popen(
+    proc = popen_taking_ctrl_c(
         [sys.executable, "-m", "zsim.testbed.emulate", "2", "12.5e6", "120"],
         stdout=subprocess.PIPE,
         text=True,
