@@ -63,8 +63,10 @@ def test_every_other_op_sees_s_over_cp_tokens():
     def gemm_flops(ops):
         return sum(op.flops for op in ops if op.kind is OpKind.GEMM)
 
-    def memory_bytes(ops):
-        return sum(op.bytes_moved for op in ops if op.kind is OpKind.MEMORY)
+    def memory_bytes(ops):  # TE's merging of the steps' results aside (its own test)
+        return sum(
+            op.bytes_moved for op in ops if op.kind is OpKind.MEMORY and "cp_" not in op.name
+        )
 
     for cp in (2, 4):
         assert gemm_flops(_block(cp)) == pytest.approx(gemm_flops(_block(1)) / cp)
@@ -171,3 +173,15 @@ def test_the_optimizer_shards_over_dp_x_cp():
     # Megatron's distributed optimizer shards over data x context parallel ranks
     for cp in (1, 2, 4):
         assert _cfg(cp=cp, dp=8 // cp).shard_ranks == 8
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_te_merges_the_steps_results(cp):
+    # forward (flash_attn_fwd_out_correction_init, then ..._correction per step): the first
+    # step's output copied (bf16: 2 + 2 bytes), each later one added in place (2 + 2 + 2);
+    # backward the same for dq and for dk, dv (the kv heads) on the slowest rank
+    tokens, heads, kv_heads, hd = 8192 // cp, 32, 32, 128
+    q, kv = tokens * heads * hd, 2 * tokens * kv_heads * hd
+    merge = next(op for op in _block(cp) if op.name == "cp_merge")
+    assert merge.bytes_moved == (4 + 6 * (cp - 1)) * q
+    assert merge.grad[0] == (4 + 6 * (cp - 1)) * (q + kv)

@@ -23,7 +23,7 @@ data-parallel ranks whose consecutive blocks of cp are the context-parallel grou
 from __future__ import annotations
 
 from zsim.errors import require
-from zsim.workload.model import ModelSpec
+from zsim.workload.model import AttentionKernel, AttentionShape, ComputeOp, ModelSpec, OpKind
 
 
 def check_model(model: ModelSpec, cp: int) -> None:
@@ -39,3 +39,39 @@ def kv_exchange_bytes(model: ModelSpec, micro_batch: int, tp: int, cp: int, dtyp
     kv_heads / tp heads each (the backward sends these and their gradients, twice as much)."""
     tokens = micro_batch * model.seq_len / cp
     return 2.0 * tokens * model.n_kv_heads * model.head_dim / tp * dtype
+
+
+COPY_BYTES, ADD_BYTES = 4.0, 6.0
+"""Bytes an element of a bf16 copy (read, write) and of an in-place add (two reads, a write)."""
+
+
+def merge_bytes(elements: float, cp: int) -> float:
+    """TE's merging of cp steps' partial results into one tensor of `elements` (bf16): the
+    first step's copied (`flash_attn_fwd_out_correction_init`; `dq.copy_`), each later one's
+    added (`flash_attn_fwd_out_correction`; `dq.add_`, `dk.add_`, `dv.add_`), on the slowest
+    rank of the ring (the last: every step merges whole, not half)."""
+    return elements * (COPY_BYTES + ADD_BYTES * (cp - 1))
+
+
+def attention_ops(
+    b: int, s: int, heads: int, kv_heads: int, hd: int, cp: int, d: int, kernel: AttentionKernel
+) -> list[ComputeOp]:
+    """A rank's fused attention over its `s` tokens (a shard's heads): one kernel, or TE's cp
+    steps, its own chunks under the causal mask, then half of each other rank's keys without
+    it, at the rate of the rank's s tokens (the figures' shapes are square, a ring step's
+    s x s / 2), and the merging of their results."""
+
+    def flash(name: str, keys: int, causal: bool) -> ComputeOp:
+        flops = 4.0 * b * heads * s * keys * hd  # as if unmasked (model FLOPs)
+        moved = 2.0 * b * heads * hd * (s + keys) * d  # q, k, v read, the output written
+        shape = AttentionShape(s, hd, causal, kernel=kernel)
+        return ComputeOp(name, OpKind.ATTENTION, flops, moved, attention=shape)
+
+    ops = [flash("flash_attention", s, True)]
+    if cp == 1:
+        return ops
+    ops += [flash(f"cp_attention_{i}", s // 2, False) for i in range(1, cp)]
+    q, kv = b * s * heads * hd, 2 * b * s * kv_heads * hd
+    grad = (merge_bytes(q + kv, cp) * d / 2, 3 * cp)
+    moved = merge_bytes(q, cp) * d / 2
+    return [*ops, ComputeOp("cp_merge", OpKind.MEMORY, 0.0, moved, kernels=cp, grad=grad)]

@@ -12,12 +12,11 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from zsim.workload import eager, fp8
+from zsim.workload import context_parallel, eager, fp8
 from zsim.workload.eager import Elementwise
 from zsim.workload.mechanisms import Mechanism
 from zsim.workload.model import (
     AttentionKernel,
-    AttentionShape,
     ComputeOp,
     Layer,
     LayerKind,
@@ -253,22 +252,10 @@ class _Shapes:
         return fp8.around(gemm, gathered) if self.fp8 and name in fp8.FP8_GEMMS else [gemm]
 
     def attention(self) -> list[ComputeOp]:
-        """Fused attention of the rank's queries: over the whole sequence or TE's cp steps
-        (`zsim.workload.context_parallel`): its own chunks under the causal mask, then half of
-        each other rank's keys without it, at the rate of the rank's s / cp tokens (the
-        figures' shapes are square, a ring step's s / cp x s / 2cp)."""
-        own = self.flash("flash_attention", self.s, causal=True)
-        ring = [self.flash(f"cp_attention_{i}", self.s // 2, False) for i in range(1, self.cp)]
-        return [own, *ring]
-
-    def flash(self, name: str, keys: int, causal: bool) -> ComputeOp:
-        """A fused attention kernel: the rank's queries against `keys` keys, its FLOPs as if
-        unmasked (model FLOPs); it reads q, k, v and writes the output."""
-        heads, hd = self.m.heads // self.tp, self.m.head_dim
-        flops = 4.0 * self.b * heads * self.s * keys * hd
-        moved = 2.0 * self.b * heads * hd * (self.s + keys) * self.d
-        shape = AttentionShape(self.s, hd, causal, kernel=self.kernel)
-        return ComputeOp(name, OpKind.ATTENTION, flops, moved, attention=shape)
+        """Fused attention of the rank's queries: whole, or TE's context-parallel steps."""
+        m = self.m
+        shape = (self.b, self.s, m.heads // self.tp, m.n_kv_heads // self.tp, m.head_dim)
+        return context_parallel.attention_ops(*shape, self.cp, self.d, self.kernel)
 
     def eager_op(
         self, name: str, elements: float, kernels: Callable[[int], eager.Kernels]
