@@ -11,7 +11,8 @@ half: all queries against the first half of an earlier rank's chunks, or the sec
 the queries against all of a later rank's. So a rank does 1 / cp of the causal attention's
 FLOPs. Before each step the next step's keys and values are sent to the next rank and received
 from the previous one, on a stream of their own, beside the step's attention; the backward
-sends the keys and values and their gradients the same way.
+sends the keys and values and their gradients the same way. Each step's partial output (and in
+the backward its q, k, v gradients) is merged into the rank's result (`merge_bytes`).
 
 The ranks of a context-parallel group share their parameters: Megatron reduces gradients and
 shards its distributed optimizer over data x context parallel ranks
@@ -54,7 +55,7 @@ def merge_bytes(elements: float, cp: int) -> float:
 
 
 def attention_ops(
-    b: int, s: int, heads: int, kv_heads: int, hd: int, cp: int, d: int, kernel: AttentionKernel
+    b: int, s: int, heads: int, kv_heads: float, hd: int, cp: int, d: int, kernel: AttentionKernel
 ) -> list[ComputeOp]:
     """A rank's fused attention over its `s` tokens (a shard's heads): one kernel, or TE's cp
     steps, its own chunks under the causal mask, then half of each other rank's keys without

@@ -254,7 +254,7 @@ class _Shapes:
     def attention(self) -> list[ComputeOp]:
         """Fused attention of the rank's queries: whole, or TE's context-parallel steps."""
         m = self.m
-        shape = (self.b, self.s, m.heads // self.tp, m.n_kv_heads // self.tp, m.head_dim)
+        shape = (self.b, self.s, m.heads // self.tp, m.n_kv_heads / self.tp, m.head_dim)
         return context_parallel.attention_ops(*shape, self.cp, self.d, self.kernel)
 
     def eager_op(
