@@ -43,9 +43,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     objective = parse_choice("objective", args.objective, Objective) or Objective.THROUGHPUT
     top = parse_int("top", args.top) or 5
     precision = parse_choice("precision", args.precision, Precision) or Precision.BF16
-    no_fp8 = "bf16, fp16 or fp32 (the planner's DeepSpeed and FSDP layouts have no FP8; zsim run "
-    no_fp8 += "--dp-engine megatron --precision fp8 models TransformerEngine's)"
-    require(precision is not Precision.FP8, "precision", str(precision), no_fp8)
+    engines = _engines(args.engine)
+    no_fp8 = "bf16, fp16 or fp32 without --engine megatron (TransformerEngine's FP8 is modelled "
+    no_fp8 += "under Megatron-Core only)"
+    fp8_ok = precision is not Precision.FP8 or DpEngine.MEGATRON in engines
+    require(fp8_ok, "precision", str(precision), no_fp8)
     space = Space(
         stages=tuple(ZeroStage(v) for v in _ints("stage", args.stage, (0, 1, 2, 3))),
         tps=_ints("tp", args.tp, None),
@@ -53,7 +55,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         precision=precision,
         flash_attention=not args.no_flash_attention,
         elementwise=parse_choice("elementwise", args.elementwise, Elementwise) or Elementwise.FUSED,
-        engines=_engines(args.engine),
+        engines=engines,
+        cps=_ints("cp", args.cp, (1,)),
     )
     simulate_top = 0 if args.simulate is None else _count("simulate", args.simulate)
     simulate_top = top if args.simulate is None else simulate_top
@@ -214,8 +217,8 @@ def _engines(text: str | None) -> tuple[DpEngine, ...]:
     if text is None:
         return (DpEngine.DEEPSPEED,)
     names = [t.strip() for t in text.split(",") if t.strip()]
-    ok = bool(names) and all(n in ("deepspeed", "fsdp") for n in names)
-    require(ok, "engine", text, "deepspeed, fsdp or deepspeed,fsdp")
+    ok = bool(names) and all(n in ("deepspeed", "fsdp", "megatron") for n in names)
+    require(ok, "engine", text, "a list of deepspeed, fsdp, megatron (Megatron-Core's DDP)")
     return tuple(DpEngine(n) for n in dict.fromkeys(names))
 
 
@@ -230,9 +233,10 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--objective", help="throughput (default) or memory")
     p.add_argument("--top", metavar="K", help="layouts to show (default 5)")
     p.add_argument("--simulate", metavar="N", help="layouts the simulator ranks (default K)")
-    p.add_argument("--precision", help="bf16 (default), fp16 or fp32")
+    p.add_argument("--precision", help="bf16 (default), fp16, fp32 or fp8 (--engine megatron)")
     p.add_argument("--tp", metavar="LIST", help="only these TP widths, e.g. 1 or 1,2")
     p.add_argument("--pp", metavar="LIST", help="only these pipeline depths")
+    p.add_argument("--cp", metavar="LIST", help="context-parallel sizes (--engine megatron)")
     p.add_argument("--stage", metavar="LIST", help="only these ZeRO stages, e.g. 2,3")
     p.add_argument("--no-flash-attention", action="store_true")
     p.add_argument(
@@ -244,7 +248,8 @@ def add_commands(sub: Any) -> None:
     p.add_argument(
         "--engine",
         metavar="LIST",
-        help="deepspeed (default), fsdp or deepspeed,fsdp (PyTorch FSDP2 beside)",
+        help="deepspeed (default), fsdp, megatron or a list (deepspeed,fsdp: PyTorch FSDP2 "
+        "beside; megatron: Megatron-Core's DDP, with --cp and fp8)",
     )
     p.add_argument(
         "--emit", type=Path, metavar="DIR", help="write the winner's ds_config, launcher"

@@ -26,6 +26,8 @@ from zsim.workload.sharding import FsdpSharding
 def describe(cfg: ParallelConfig) -> str:
     """A layout in one line: ZeRO stage, offload, the three sizes, batch, schedule, options."""
     parts = [f"ZeRO-{int(cfg.zero_stage)}"]
+    if cfg.dp_engine is DpEngine.MEGATRON:
+        parts = ["Megatron-Core " + ("DistOpt" if cfg.zero_stage else "DDP")]
     if cfg.dp_engine is DpEngine.FSDP:
         hybrid = cfg.fsdp_sharding is FsdpSharding.HYBRID
         parts = [f"FSDP {cfg.fsdp_sharding}" + (f" {cfg.shard_ranks}" if hybrid else "")]
@@ -33,7 +35,7 @@ def describe(cfg: ParallelConfig) -> str:
         parts.append(cfg.zero_plus_plus)
     if cfg.offload is not Offload.NONE:
         parts.append(f"offload {cfg.offload}")
-    parts.append(f"dp{cfg.dp} tp{cfg.tp} pp{cfg.pp}")
+    parts.append(f"dp{cfg.dp} tp{cfg.tp} pp{cfg.pp}" + (f" cp{cfg.cp}" if cfg.cp > 1 else ""))
     parts.append(f"mb {cfg.micro_batch}x{cfg.grad_accum}")
     if cfg.pp > 1:
         engine = "Megatron" if cfg.pipeline_engine is PipelineEngine.MEGATRON else "DeepSpeed"
@@ -41,6 +43,8 @@ def describe(cfg: ParallelConfig) -> str:
         if cfg.virtual_stages > 1:
             schedule += f" v{cfg.virtual_stages}"
         parts.append(f"{engine} {schedule}")
+    if cfg.precision.compute is not cfg.precision:
+        parts.append(str(cfg.precision))
     if cfg.sequence_parallel:
         parts.append("SP")
     if str(cfg.recompute) != "none":
@@ -88,12 +92,27 @@ def _config(cfg: ParallelConfig) -> dict[str, Any]:
     }
 
 
+def _megatron_rule(model: ModelSpec, cfg: ParallelConfig) -> str:
+    """Megatron-Core's DDP holds ZeRO-0 (plain DDP) or ZeRO-1 (its distributed optimizer)."""
+    stages = (ZeroStage.NONE, ZeroStage.OPTIMIZER)
+    one = {
+        s: replace(cfg, zero_stage=s, overlap_param_gather=s is ZeroStage.OPTIMIZER) for s in stages
+    }
+    states = {s: peak_ledger(model, c)[1].model_states / GB for s, c in one.items()}
+    return (
+        f"Megatron-Core: ZeRO-0 (DDP) {states[ZeroStage.NONE]:.2f} GB of model states, ZeRO-1 "
+        f"(distributed optimizer) {states[ZeroStage.OPTIMIZER]:.2f} GB; it has no ZeRO-2 or 3."
+    )
+
+
 def stage_rule(
     model: ModelSpec, device: DeviceProfile, estimator: Estimator, best: Candidate
 ) -> str:
     """The seeds' rule for the winner's layout: each plain ZeRO stage's memory without offload
     (nor ZeRO++: the seeds' stages), the first that fits, and what ZeRO-3
     would cost in data-parallel traffic for how much more headroom."""
+    if best.cfg.dp_engine is DpEngine.MEGATRON:
+        return _megatron_rule(model, best.cfg)
     plain = replace(
         best.cfg.knobs, hpz_partition_size=1, quantized_weights=False, quantized_gradients=False
     )

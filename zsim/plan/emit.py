@@ -14,7 +14,13 @@ from typing import Any
 from zsim.workload.ds_config import to_ds_config
 from zsim.workload.layout import LAYER_AC_EVERY
 from zsim.workload.model import ModelKind, ModelSpec
-from zsim.workload.parallel import DpEngine, PipelineEngine, PipelineSchedule, Recompute
+from zsim.workload.parallel import (
+    DpEngine,
+    PipelineEngine,
+    PipelineSchedule,
+    Precision,
+    Recompute,
+)
 from zsim.workload.sharding import FsdpSharding
 
 
@@ -29,6 +35,8 @@ def config_files(cfg: Any) -> dict[str, dict[str, Any]]:
     """The winner's configuration file: DeepSpeed's ds_config, or FSDP2's arguments."""
     if cfg.dp_engine is DpEngine.FSDP:
         return {"fsdp.json": fsdp_config(cfg)}
+    if cfg.dp_engine is DpEngine.MEGATRON:
+        return {}  # Megatron-Core takes it all as flags (launch.sh)
     return {"ds_config.json": ds_config(cfg)}
 
 
@@ -83,7 +91,8 @@ def launch_lines(model: ModelSpec, cfg: Any, nodes: int, gpus_per_node: int) -> 
     )
     if cfg.dp_engine is DpEngine.FSDP:
         return [*head, f"torchrun {rendezvous} train.py --fsdp-config fsdp.json"]
-    if (cfg.pp > 1 and cfg.pipeline_engine is PipelineEngine.MEGATRON) or cfg.tp > 1:
+    megatron = cfg.dp_engine is DpEngine.MEGATRON
+    if (cfg.pp > 1 and cfg.pipeline_engine is PipelineEngine.MEGATRON) or cfg.tp > 1 or megatron:
         return [*head, f"torchrun {rendezvous} pretrain_gpt.py \\", *_megatron(model, cfg)]
     # PipelineModule's own default is "parameters": say the split zsim simulated
     split = f" --num-stages {cfg.pp} --partition-method '{cfg.pp_partition}'"
@@ -123,6 +132,23 @@ def _megatron(model: ModelSpec, cfg: Any) -> list[str]:
     elif cfg.recompute is Recompute.SELECTIVE:
         flags.append("--recompute-granularity selective")
     if cfg.precision.mixed:
-        flags.append(f"--{cfg.precision}")
-    flags.append("--deepspeed --deepspeed_config ds_config.json")
+        flags.append(f"--{cfg.precision.compute}")
+    if cfg.dp_engine is not DpEngine.MEGATRON:
+        flags.append("--deepspeed --deepspeed_config ds_config.json")
+    else:
+        flags += _megatron_core(cfg)
     return [f"    {flag} \\" for flag in flags[:-1]] + [f"    {flags[-1]}"]
+
+
+def _megatron_core(cfg: Any) -> list[str]:
+    """Megatron-Core's own flags for what zsim simulated of its DDP, CP and FP8."""
+    flags = [f"--context-parallel-size {cfg.cp}"] if cfg.cp > 1 else []
+    if cfg.zero_stage:
+        flags.append("--use-distributed-optimizer")
+    if cfg.overlap_comm:
+        flags.append("--overlap-grad-reduce")
+    if cfg.overlap_param_gather:
+        flags.append("--overlap-param-gather")
+    if cfg.precision is Precision.FP8:
+        flags.append("--fp8-format hybrid")
+    return flags

@@ -18,6 +18,7 @@ timed as if alone, so the tier is optimistic there; the simulation ranks its bes
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from dataclasses import dataclass
@@ -32,15 +33,16 @@ from zsim.memory import stage_params
 from zsim.network.collective import CollectiveCall, CollectiveOp
 from zsim.network.communicator import Communicator, simulate_s
 from zsim.plan.fsdp_terms import FsdpGroups, fsdp_groups, fsdp_terms
+from zsim.plan.megatron_terms import megatron_terms
 from zsim.plan.pipeline_terms import bubble_s, partitioned_s
 from zsim.plan.qgz_terms import Averaged, qgz_terms
 from zsim.plan.zero3_terms import GatherSums, zero3_terms
 from zsim.step import fsdp
 from zsim.step.job import StageJob
-from zsim.step.kernels import LayerKernels
+from zsim.step.kernels import LayerKernels, pass_key
 from zsim.step.optimizer import step_passes
 from zsim.step.pipeline import pipe_partitions
-from zsim.step.program import Comm
+from zsim.step.program import Comm, Group
 from zsim.step.zero_reduce import one_rank_copies_s, reduction_copy_bytes
 from zsim.workload.layout import StageSplit, rank_chunks
 from zsim.workload.model import Layer, ModelSpec
@@ -144,13 +146,16 @@ class Estimator:
     def layer_pass_s(self, c: ParallelConfig, stage: int, layer: Layer) -> tuple[float, float]:
         """(forward, backward with any replay) of one layer, as the builder fuses them."""
         # a model's layers of one kind have one shape (its blocks are alike)
-        key: tuple[object, ...] = (layer.kind, len(layer.tensors), *_kernel_key(c))
+        key: tuple[object, ...] = (layer.kind, len(layer.tensors), *pass_key(c))
         if key not in self._passes:
             job = self.job(c, stage)
             tp_group = self._kept(("tp", c.tp), tuple(range(c.tp)))
 
-            def tp_time(comm: Comm) -> float:
-                return self.collective_s(comm.op, comm.nbytes, tp_group)
+            cp_group = self._kept(("cp", c.cp, c.tp), tuple(r * c.tp for r in range(c.cp)))
+
+            def tp_time(comm: Comm) -> float:  # and context parallelism's ring
+                group = cp_group if comm.group is Group.CP else tp_group
+                return self.collective_s(comm.op, comm.nbytes, group)
 
             kernels = LayerKernels(job, tp_time)
             forward = kernels.pass_template(layer, True)[1]
@@ -161,7 +166,7 @@ class Estimator:
 
     def estimate(self, cfg: ParallelConfig) -> Estimate:
         grid = self._grid(cfg)
-        kernel = (cfg.pp, cfg.virtual_stages, *_kernel_key(cfg))
+        kernel = (cfg.pp, cfg.virtual_stages, *pass_key(cfg))
         pipeline = self._pipeline(cfg, kernel)
         compute = cfg.grad_accum * pipeline.slowest
         bubble = self._bubble(cfg, grid, pipeline)
@@ -185,9 +190,9 @@ class Estimator:
         return StageJob.of(self.model, cfg, self.device, stage, self.gloo)
 
     def _grid(self, cfg: ParallelConfig) -> RankGrid:
-        key = ("grid", cfg.dp, cfg.pp, cfg.tp)
+        key = ("grid", cfg.dp_cp, cfg.pp, cfg.tp)
         if key not in self._grids:
-            self._grids[key] = RankGrid(dp=cfg.dp, pp=cfg.pp, tp=cfg.tp)
+            self._grids[key] = RankGrid(dp=cfg.dp_cp, pp=cfg.pp, tp=cfg.tp)
         return self._grids[key]
 
     def _pipeline(self, cfg: ParallelConfig, kernel: tuple[object, ...]) -> _Pipeline:
@@ -229,7 +234,7 @@ class Estimator:
             return 0.0
         partitioned = 0.0
         if pipe_partitions(cfg) > 1:
-            key = ("partitioned", cfg.pp > 2, *_kernel_key(cfg))
+            key = ("partitioned", cfg.pp > 2, *pass_key(cfg))
             if key not in self._flops:
                 job = self.job(cfg, 0)
                 tp_group = self._kept(("tp", cfg.tp), tuple(range(cfg.tp)))
@@ -275,9 +280,14 @@ class Estimator:
     ) -> tuple[float, float, float]:
         """A stage's rank: (exposed data-parallel comm, optimizer and post-step s, bytes sent)."""
         group = self._dp_group(grid, stage)
-        d, n = cfg.precision.bytes, cfg.dp
+        d, n = cfg.precision.bytes, cfg.dp_cp
         padded = -(-params // n) * n
         exposed = sent = 0.0
+        if n > 1 and cfg.dp_engine is DpEngine.MEGATRON:
+            calls = functools.partial(self.collective_s, beside=self._beside[id(group)])
+            job, passes = self.job(cfg, stage), (forward, backward)
+            exposed, after, sent = megatron_terms(job, self.device, calls, group, passes)
+            return exposed, self._optimizer(cfg, stage, params / cfg.shard_ranks) + after, sent
         if n > 1 and cfg.dp_engine is DpEngine.FSDP:
             exposed, sent = self._fsdp(cfg, group, stage, (forward, backward))
         elif n > 1 and cfg.zero_stage is ZeroStage.PARAMETERS:
@@ -387,11 +397,3 @@ class Estimator:
             prepare = step_passes(self.job(cfg, stage), shard)
             self._flops[key] = device.copy_time_s(prepare, str(cfg.precision.compute))
         return self._flops[key] + shard * ADAM_STEP_BYTES_PER_PARAM / device.optimizer_bytes_per_s
-
-
-def _kernel_key(c: ParallelConfig) -> tuple[object, ...]:
-    """What a layer's pass time depends on."""
-    tensor_parallel = (c.tp, c.sequence_parallel, c.async_tp_allreduce)
-    overlap = (c.tp_comm_overlap, c.tp_overlap_sms)
-    kernels = (c.flash_attention, c.attention_kernel, c.elementwise)
-    return (*tensor_parallel, *overlap, c.micro_batch, c.recompute, *kernels, c.precision)

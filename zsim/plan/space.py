@@ -2,7 +2,8 @@
 
 ZeRO stage x offload x tp (within a node) x pp x schedule (1F1B, GPipe, interleaved with v)
 x micro-batch (so the accumulation) x recompute x sequence parallelism x pipeline engine,
-ZeRO-3 with ZeRO++'s hpZ (over a node) and qwZ, and ZeRO-3 as PyTorch FSDP2 runs it.
+ZeRO-3 with ZeRO++'s hpZ (over a node) and qwZ, ZeRO-3 as PyTorch FSDP2 runs it, and on
+request Megatron-Core's DDP and distributed optimizer with context parallelism (and FP8).
 What a framework refuses is not enumerated: `ParallelConfig` and `check_layout` hold the rules
 (ZeRO-2/3 not with DeepSpeed's pipeline, offload from ZeRO-1, heads and kv-heads divisible by
 tp, layers over pp x v, interleaving's accumulation a multiple of pp, the batch rule).
@@ -55,6 +56,8 @@ class Space:
     # layouts as FSDP runs them: full, grad-op, hybrid) on request, until its closed form and
     # its local validation cover more than 1x2 (docs/fsdp-semantics.md)
     engines: tuple[DpEngine, ...] = (DpEngine.DEEPSPEED,)
+    # with Megatron-Core's engine: its context-parallel sizes (each sequence split over cp)
+    cps: tuple[int, ...] = (1,)
 
 
 def _divisors(n: int) -> list[int]:
@@ -99,10 +102,10 @@ def layouts(
     widths = [t for t in _divisors(gpus_per_node) if world % t == 0 and _allowed(t, space.tps)]
     if model.kind is not ModelKind.TRANSFORMER:
         widths = [1]
-    for tp in widths:
-        depths = _divisors(world // tp)
+    for tp, cp in itertools.product(widths, _context(model, world, space)):
+        depths = _divisors(world // (tp * cp))
         for pp in (p for p in depths if p <= model.layers and _allowed(p, space.pps)):
-            dp = world // (tp * pp)
+            dp = world // (tp * pp * cp)
             if global_batch % dp:
                 continue
             per_rank = global_batch // dp
@@ -117,13 +120,43 @@ def layouts(
                         sizes: dict[str, object] = {"dp": dp, "tp": tp, "pp": pp}
                         sizes |= {"micro_batch": micro}
                         sizes |= {"grad_accum": accum, "zero_stage": stage, "offload": offload}
+                        yield from _megatron(model, sizes | {"cp": cp}, recompute, sp, pipe, space)
                         found = _valid(model, sizes, recompute, sp, pipe, space)
-                        if found is None:
+                        if found is None or cp > 1:
                             continue
                         if DpEngine.DEEPSPEED in space.engines:
                             yield found
                             yield from _zero_plus_plus(found, gpus_per_node, space)
                         yield from _fsdp(found, gpus_per_node, space)
+
+
+def _context(model: ModelSpec, world: int, space: Space) -> tuple[int, ...]:
+    """The context-parallel sizes to search (only those asked for): Megatron-Core's, splitting
+    each sequence into 2 x cp chunks (1 without its engine)."""
+    if DpEngine.MEGATRON not in space.engines:
+        return (1,)
+    splits = [c for c in space.cps if c == 1 or model.seq_len % (2 * c) == 0]
+    return tuple(sorted({c for c in splits if world % c == 0}))
+
+
+def _megatron(
+    model: ModelSpec,
+    sizes: dict[str, object],
+    recompute: Recompute,
+    sequence_parallel: bool,
+    pipe: dict[str, object],
+    space: Space,
+) -> Iterator[ParallelConfig]:
+    """The layout as Megatron-Core runs it: its DDP (ZeRO-0) or distributed optimizer (ZeRO-1)
+    with --overlap-grad-reduce and, for the latter, --overlap-param-gather."""
+    if DpEngine.MEGATRON not in space.engines or pipe.get("pipeline_engine") == "deepspeed":
+        return
+    one = sizes["zero_stage"] is ZeroStage.OPTIMIZER
+    megatron = {"dp_engine": DpEngine.MEGATRON, "overlap_param_gather": one}
+    knobs = {"knobs": ZeroKnobs(overlap_comm=True)}
+    found = _valid(model, sizes | megatron | knobs, recompute, sequence_parallel, pipe, space)
+    if found is not None:
+        yield found
 
 
 def _zero_plus_plus(

@@ -40,7 +40,7 @@ from zsim.workload.context_parallel import kv_exchange_bytes
 from zsim.workload.layout import layer_passes
 from zsim.workload.mechanisms import Mechanism
 from zsim.workload.model import ComputeOp, Layer, OpKind
-from zsim.workload.parallel import Precision
+from zsim.workload.parallel import ParallelConfig, Precision
 from zsim.workload.te_overlap import gemm_slowdown
 
 H = TypeVar("H")
@@ -385,3 +385,11 @@ class _TpCollectives(Generic[H]):
         rest = self._gemm(op, 1 - share, [first], ".chunks")
         early = self._comm(kind, 1 - share, [first], Stream.TP)
         self.last = [self._comm(kind, share, [rest, early], Stream.TP)]
+
+
+def pass_key(c: ParallelConfig) -> tuple[object, ...]:
+    """What a layer's pass time depends on (the planner keeps its templates by it)."""
+    tensor_parallel = (c.tp, c.sequence_parallel, c.async_tp_allreduce)
+    overlap = (c.tp_comm_overlap, c.tp_overlap_sms)
+    kernels = (c.flash_attention, c.attention_kernel, c.elementwise)
+    return (*tensor_parallel, *overlap, c.micro_batch, c.recompute, *kernels, c.precision, c.cp)

@@ -1,0 +1,72 @@
+"""The planner over Megatron-Core's own layouts (`--engine megatron`): its DDP and distributed
+optimizer, context parallelism and FP8 as the frameworks allow them, the closed form against
+the simulator, and the winner emitted as Megatron-Core's flags."""
+
+from __future__ import annotations
+
+import pytest
+
+from zsim.cli import main
+from zsim.inputs import presets
+from zsim.plan.agreement import spearman
+from zsim.plan.estimate import Estimator
+from zsim.plan.space import Space, layouts
+from zsim.simulation import simulate
+from zsim.workload.model_presets import preset, with_overrides
+from zsim.workload.parallel import DpEngine, ZeroStage
+
+LONG = with_overrides(preset("llama-7b"), seq_len=16384, layers=8)
+
+
+def _megatron(world: int, node: int, batch: int, **space: object) -> list:
+    chosen = Space(engines=(DpEngine.MEGATRON,), cps=(1, 2, 4), **space)  # type: ignore[arg-type]
+    return list(layouts(LONG, world, node, batch, chosen))
+
+
+def test_megatron_core_layouts_are_its_ddp_and_distributed_optimizer_with_cp():
+    found = _megatron(16, 8, 32, max_micro_batch=2, recomputes=("none",))
+    assert found
+    assert all(c.dp_engine is DpEngine.MEGATRON for c in found)
+    assert {c.zero_stage for c in found} == {ZeroStage.NONE, ZeroStage.OPTIMIZER}
+    assert {c.cp for c in found} == {1, 2, 4}
+    # every GPU used: dp x tp x pp x cp = 16, the batch counting dp only
+    assert all(c.world_size == 16 and c.global_batch == 32 for c in found)
+    # --overlap-param-gather only with the distributed optimizer
+    assert all(c.overlap_param_gather == (c.zero_stage is ZeroStage.OPTIMIZER) for c in found)
+    # without its engine the planner searches no context parallelism
+    plain = layouts(LONG, 16, 8, 32, Space(cps=(1, 2, 4), max_micro_batch=2))
+    assert all(c.cp == 1 and c.dp_engine is not DpEngine.MEGATRON for c in plain)
+
+
+@pytest.mark.consistency
+def test_the_closed_form_ranks_megatron_layouts_as_the_simulator_does():
+    # with and without TP, CP and the distributed optimizer, one node and two
+    model, gpu = LONG, presets.gpu("h100-sxm")
+    topo = presets.topology("2x8-dgx-h100")
+    found = _megatron(16, 8, 32, max_micro_batch=2, recomputes=("full",))
+    sample = [c for c in found if c.pp == 1][::3][:10]
+    assert {c.cp for c in sample} >= {1, 2}
+    estimator = Estimator(model, topo, gpu)
+    closed = [estimator.estimate(c).step_s for c in sample]
+    simulated = [simulate(model, c, topo, gpu).step_time_s for c in sample]
+    assert spearman(closed, simulated) >= 0.9, (closed, simulated)
+    assert all(abs(a / b - 1) < 0.15 for a, b in zip(closed, simulated, strict=True))
+
+
+def test_a_megatron_winner_is_emitted_as_its_flags(capsys, tmp_path):
+    argv = "--model llama-7b:seq-len=16384,layers=8 --topology 2x8-dgx-h100 --global-batch 32"
+    argv += " --simulate 1 --engine megatron --cp 2 --tp 1 --pp 1 --precision fp8"
+    code = main(["plan", *argv.split(), "--emit", str(tmp_path)])
+    capsys.readouterr()
+    assert code == 0
+    assert not (tmp_path / "ds_config.json").exists()  # Megatron-Core takes flags
+    launch = (tmp_path / "launch.sh").read_text()
+    assert "--context-parallel-size 2" in launch
+    assert "--fp8-format hybrid" in launch
+    assert "--deepspeed" not in launch
+
+
+def test_fp8_is_planned_only_under_megatron_core(capsys):
+    argv = "--model gpt-125m --topology 1x8-dgx-h100 --global-batch 8 --precision fp8"
+    assert main(["plan", *argv.split()]) == 2
+    assert "megatron" in capsys.readouterr().err

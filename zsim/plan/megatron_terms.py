@@ -1,0 +1,51 @@
+"""Megatron-Core's data parallelism in closed form, for the planner's fast tier (the schedule
+it stands for: `zsim.step.megatron_dp`).
+
+Gradients are reduced in the DDP's buckets (`megatron_dp.buckets`, each scaled by 1 / dp in
+place first): with --overlap-grad-reduce the buckets' calls run beside the last micro-batch's
+backward, so the step waits for what the backward does not hide and at least for the last
+bucket; without it, for all of them. The distributed optimizer's (ZeRO-1) parameter gathers run
+beside the next forward with --overlap-param-gather (the first bucket's always waited for),
+else after the optimizer step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from zsim.cluster.device import DeviceProfile
+from zsim.network.collective import CollectiveOp, bus_bandwidth_factor
+from zsim.step.job import StageJob
+from zsim.step.megatron_dp import bucket_numel, buckets, grad_bytes
+from zsim.workload.parallel import ZeroStage
+
+Collective = Callable[[CollectiveOp, float, tuple[int, ...]], float]
+
+
+def megatron_terms(
+    job: StageJob,
+    device: DeviceProfile,
+    collective: Collective,
+    group: tuple[int, ...],
+    passes: tuple[float, float],
+) -> tuple[float, float, float]:
+    """(exposed reduction and gather wait, gathers after the optimizer step, bytes sent) of one
+    rank; `passes`: its forward and backward of one micro-batch."""
+    cfg, (forward, backward) = job.cfg, passes
+    n, d, e = len(group), grad_bytes(cfg), job.element_bytes
+    sizes = [bucket_numel(job, b) for b in buckets(job)]
+    sharded = cfg.zero_stage is ZeroStage.OPTIMIZER
+    op = CollectiveOp.REDUCE_SCATTER if sharded else CollectiveOp.ALL_REDUCE
+    calls = [device.copy_time_s(d * s, job.dtype) + collective(op, s * d, group) for s in sizes]
+    total = sum(calls)
+    exposed = max(total - backward, calls[-1]) if cfg.overlap_comm else total
+    sent = sum(bus_bandwidth_factor(op, n) * s * d for s in sizes)
+    after = 0.0
+    if sharded:
+        gathers = [collective(CollectiveOp.ALL_GATHER, s * e, group) for s in sizes]
+        if cfg.overlap_param_gather:
+            exposed += max(sum(gathers) - forward, gathers[0])
+        else:
+            after = sum(gathers)
+        sent += sum((n - 1) / n * s * e for s in sizes)
+    return exposed, after, sent
