@@ -137,7 +137,8 @@ def _distinct(ranked: list[Candidate]) -> list[Candidate]:
     seen: set[tuple[object, ...]] = set()
     for c in ranked:
         k = c.cfg
-        twin: tuple[object, ...] = (k.dp, k.tp, k.pp, k.zero_stage, k.offload, k.micro_batch)
+        twin: tuple[object, ...] = (k.dp, k.tp, k.pp, k.cp, k.zero_stage, k.offload, k.dp_engine)
+        twin += (k.micro_batch,)
         twin += (
             k.pp_schedule,
             k.virtual_stages,

@@ -121,8 +121,8 @@ def layouts(
                         sizes |= {"micro_batch": micro}
                         sizes |= {"grad_accum": accum, "zero_stage": stage, "offload": offload}
                         yield from _megatron(model, sizes | {"cp": cp}, recompute, sp, pipe, space)
-                        found = _valid(model, sizes, recompute, sp, pipe, space)
-                        if found is None or cp > 1:
+                        found = None if cp > 1 else _valid(model, sizes, recompute, sp, pipe, space)
+                        if found is None:
                             continue
                         if DpEngine.DEEPSPEED in space.engines:
                             yield found
