@@ -29,13 +29,15 @@ from bench_step_speed import reference_s
 from results_md import write_block, write_csv
 
 from zsim.inputs import presets
+from zsim.inputs.scenario import build_model
 from zsim.memory import peak_ledger
 from zsim.plan.agreement import spearman
 from zsim.plan.estimate import Estimator
 from zsim.plan.planner import plan
-from zsim.plan.space import layouts
+from zsim.plan.space import Space, layouts
 from zsim.simulation import simulate
 from zsim.workload.model_presets import preset
+from zsim.workload.parallel import DpEngine
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SPACES = [("gpt-175b", "128x8-dgx-a100", 1536), ("llama-70b", "8x8-dgx-h100", 1024)]
@@ -98,14 +100,27 @@ def whole_plan() -> list[str]:
     ]
 
 
-def agreement(quick: bool) -> tuple[list[str], list[dict[str, object]]]:
+# (d) Megatron-Core's layouts (`--engine megatron`): long sequences, context parallelism
+MEGATRON_PLANS = [
+    ("llama-7b", 8192, "1x8-dgx-h100", 32),
+    ("llama-7b", 16384, "2x8-dgx-h100", 64),
+    ("llama-13b", 16384, "4x8-dgx-h100", 64),
+]
+MEGATRON_SPACE = Space(engines=(DpEngine.MEGATRON,), cps=(1, 2, 4))
+
+
+def agreement(quick: bool, megatron: bool = False) -> tuple[list[str], list[dict[str, object]]]:
     rows: list[dict[str, object]] = []
     same = 0
-    plans = PLANS[:3] if quick else PLANS
+    if megatron:
+        plans = [(f"{n}:seq-len={s}", c, b) for n, s, c, b in MEGATRON_PLANS]
+    else:
+        plans = PLANS[:3] if quick else PLANS
+    space = MEGATRON_SPACE if megatron else Space()
     for name, cluster, batch in plans:
-        model, topo = preset(name), presets.topology(cluster)
+        model, topo = build_model(name), presets.topology(cluster)
         device = device_of(topo)
-        result = plan(model, topo, device, batch, simulate_top=0)  # type: ignore[arg-type]
+        result = plan(model, topo, device, batch, simulate_top=0, space=space)  # type: ignore[arg-type]
         rest = result.ranked[10:]
         step = max(1, len(rest) // 10)
         chosen = result.ranked[:10] + rest[::step][:10]
@@ -134,6 +149,17 @@ def agreement(quick: bool) -> tuple[list[str], list[dict[str, object]]]:
     return lines, rows
 
 
+def megatron_agreement(no_write: bool) -> int:
+    """(d): the two tiers on Megatron-Core's layouts, written to plan_megatron.md."""
+    agree, rows = agreement(False, megatron=True)
+    block = "\n".join(["### (d) the two tiers on Megatron-Core's layouts", "", *agree]) + "\n"
+    print(block)
+    if not no_write:
+        write_block(RESULTS / "plan_megatron.md", block)
+        write_csv(RESULTS / "plan_megatron_agreement.csv", rows)
+    return 0
+
+
 def _layout(cfg: object) -> str:
     from zsim.plan.advice import describe
 
@@ -144,7 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--megatron", action="store_true", help="(d) only: plan_megatron.md")
     args = parser.parse_args(argv)
+    if args.megatron:
+        return megatron_agreement(args.no_write)
     lines = [
         "### (a) closed-form tier",
         "",
