@@ -70,3 +70,26 @@ def test_fp8_is_planned_only_under_megatron_core(capsys):
     argv = "--model gpt-125m --topology 1x8-dgx-h100 --global-batch 8 --precision fp8"
     assert main(["plan", *argv.split()]) == 2
     assert "megatron" in capsys.readouterr().err
+
+
+def test_ddp_steps_every_parameter_and_the_distributed_optimizer_a_shard():
+    # Megatron's DDP (ZeRO-0) runs Adam on all of a rank's parameters, its distributed
+    # optimizer on 1 / (dp x cp) of them: 16 ranks, so about 16x apart
+    topo, gpu = presets.topology("2x8-dgx-h100"), presets.gpu("h100-sxm")
+    found = _megatron(16, 8, 32, max_micro_batch=1, recomputes=("none",))
+    pick = {c.zero_stage: c for c in found if c.tp == c.pp == c.cp == 1}
+    estimator = Estimator(LONG, topo, gpu)
+    ddp, dist_opt = (estimator.estimate(pick[s]).optimizer_s for s in ZeroStage if s in pick)
+    assert ddp / dist_opt > 10
+
+
+def test_a_pipeline_send_is_estimated_at_its_cp_share():
+    # a stage's activation message holds the rank's s / cp tokens: the send of a cp 4 layout
+    # must not reuse the cp 1 layout's estimate
+    topo, gpu = presets.topology("2x8-dgx-h100"), presets.gpu("h100-sxm")
+    found = _megatron(16, 8, 32, max_micro_batch=1, recomputes=("none",))
+    pp2 = {c.cp: c for c in found if c.pp == 2 and c.tp == 1 and c.zero_stage}
+    warm = Estimator(LONG, topo, gpu)
+    warm.estimate(pp2[1])
+    fresh = Estimator(LONG, topo, gpu).estimate(pp2[4]).bubble_s
+    assert warm.estimate(pp2[4]).bubble_s == pytest.approx(fresh)

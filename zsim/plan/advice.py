@@ -71,7 +71,9 @@ def row(c: Candidate, usable: float, bottleneck: str) -> dict[str, Any]:
 
 
 def _config(cfg: ParallelConfig) -> dict[str, Any]:
-    return {
+    megatron = {"cp": cfg.cp, "overlap_grad_reduce": cfg.overlap_comm}
+    megatron |= {"overlap_param_gather": cfg.overlap_param_gather}
+    return (megatron if cfg.dp_engine is DpEngine.MEGATRON else {}) | {
         "dp": cfg.dp,
         "tp": cfg.tp,
         "pp": cfg.pp,

@@ -249,7 +249,7 @@ class Estimator:
         """One activation from stage 0 to 1, beside the same send of every other (dp, tp)
         replica where they share its links (they all send at once)."""
         parts = pipe_partitions(cfg)
-        key = ("send", cfg.tp, cfg.micro_batch, cfg.sequence_parallel, cfg.precision, parts)
+        key = ("send", cfg.tp, cfg.cp, cfg.micro_batch, cfg.sequence_parallel, cfg.precision, parts)
         if key not in self._flops:
             self._flops[key] = self.job(cfg, 0).activation_bytes() / parts
         where = ("pair", grid.dp, grid.pp, grid.tp)
@@ -287,7 +287,8 @@ class Estimator:
             calls = functools.partial(self.collective_s, beside=self._beside[id(group)])
             job, passes = self.job(cfg, stage), (forward, backward)
             exposed, after, sent = megatron_terms(job, self.device, calls, group, passes)
-            return exposed, self._optimizer(cfg, stage, params / cfg.shard_ranks) + after, sent
+            shard = params / (cfg.shard_ranks if cfg.zero_stage else 1)  # DDP: every rank all
+            return exposed, self._optimizer(cfg, stage, shard) + after, sent
         if n > 1 and cfg.dp_engine is DpEngine.FSDP:
             exposed, sent = self._fsdp(cfg, group, stage, (forward, backward))
         elif n > 1 and cfg.zero_stage is ZeroStage.PARAMETERS:

@@ -36,7 +36,8 @@ def megatron_terms(
     sizes = [bucket_numel(job, b) for b in buckets(job)]
     sharded = cfg.zero_stage is ZeroStage.OPTIMIZER
     op = CollectiveOp.REDUCE_SCATTER if sharded else CollectiveOp.ALL_REDUCE
-    calls = [device.copy_time_s(d * s, job.dtype) + collective(op, s * d, group) for s in sizes]
+    scale = [device.copy_time_s(2 * d * s, job.dtype) for s in sizes]  # as megatron_dp's pass
+    calls = [t + collective(op, s * d, group) for t, s in zip(scale, sizes, strict=True)]
     total = sum(calls)
     exposed = max(total - backward, calls[-1]) if cfg.overlap_comm else total
     sent = sum(bus_bandwidth_factor(op, n) * s * d for s in sizes)
