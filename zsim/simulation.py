@@ -211,13 +211,12 @@ def simulate(
     `stragglers` (rank -> factor, with `full`) runs those ranks' kernels that much slower.
     `fold`: a long 1F1B pipeline's steady state is simulated once and repeated
     (`zsim.step.fold`); its spans are then those of the short step (off for a trace)."""
+    product, values = parallel.sizes()
     require(
         parallel.world_size == topology.world_size,
-        "dp x tp x pp x cp" if parallel.cp > 1 else "dp x tp x pp",
+        product,
         parallel.world_size,
-        f"the {topology.world_size} GPUs of {topology.name} "
-        f"(dp={parallel.dp}, tp={parallel.tp}, pp={parallel.pp}"
-        + (f", cp={parallel.cp})" if parallel.cp > 1 else ")"),
+        f"the {topology.world_size} GPUs of {topology.name} ({values})",
     )
     check_model(model, parallel.cp)  # Python callers skip the CLI's check_layout
     slow = dict(stragglers or {})

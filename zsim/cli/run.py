@@ -15,7 +15,7 @@ from zsim.cluster.device import DeviceProfile
 from zsim.cluster.topology import Topology
 from zsim.errors import InputError, require
 from zsim.inputs import presets
-from zsim.inputs.scenario import build_model, build_parallel, check_layout, parse_int
+from zsim.inputs.scenario import build_model, build_parallel, check_layout, dp_left, parse_int
 from zsim.memory import peak_ledger
 from zsim.outputs import render
 from zsim.simulation import Report, simulate
@@ -172,8 +172,7 @@ def _write_views(args: argparse.Namespace, name: str, cfg: ParallelConfig, repor
     if args.plot:
         from zsim.outputs.timeline import timeline
 
-        cp = f" cp={cfg.cp}" if cfg.cp > 1 else ""
-        title = f"{name}: ZeRO-{int(cfg.zero_stage)}, dp={cfg.dp} tp={cfg.tp} pp={cfg.pp}{cp}"
+        title = f"{name}: ZeRO-{int(cfg.zero_stage)}, {cfg.sizes(' ')[1]}"
         fig = timeline(report.engine.spans, title, passes=report.engine.passes)
         write_output(args.plot, fig)
 
@@ -192,11 +191,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     topology = presets.topology(args.topology)
     model = _model_from(args)
     tp, pp, cp = (parse_int(x, getattr(args, x, None)) or 1 for x in ("tp", "pp", "cp"))
-    world, split = topology.world_size, tp * pp * cp
-    dp = args.dp or (str(world // split) if world % split == 0 else None)
-    if dp is None:
-        what = "tp x pp x cp" if cp > 1 else "tp x pp"
-        raise InputError(what, split, f"a divisor of the {world} GPUs of {topology.name}")
+    world = topology.world_size
+    dp = args.dp or str(dp_left(world, topology.name, tp, pp, cp))
     shard_note = _default_shard_size(args, topology.gpus_per_node, tp, dp)
     cfg, notes = _parallel_from(args, model, dp=dp)
     notes += [shard_note] if shard_note else []
@@ -206,12 +202,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         notes.append("switched off (an ablation): " + ", ".join(sorted(without)))
     check_layout(model, cfg)
     if cfg.world_size != world:
-        with_cp = f", cp={cfg.cp}" if cfg.cp > 1 else ""
-        raise InputError(
-            "dp x tp x pp" + (" x cp" if with_cp else ""),
-            cfg.world_size,
-            f"the {world} GPUs of {topology.name} (dp={cfg.dp}, tp={cfg.tp}, pp={cfg.pp}{with_cp})",
-        )
+        product, values = cfg.sizes()
+        raise InputError(product, cfg.world_size, f"the {world} GPUs of {topology.name} ({values})")
     device = _device(args, topology)
     if cfg.tp_comm_overlap and cfg.tp > 1 and cfg.tp_overlap_sms and not device.sm_count:
         notes.append(f"{device.name} has no SM count: TransformerEngine's SM margins not applied")

@@ -211,6 +211,14 @@ def _from_file(
 _KNOBS = set(par.ZeroKnobs.__dataclass_fields__)
 
 
+def dp_left(world: int, cluster: str, tp: int, pp: int, cp: int) -> int:
+    """The data-parallel size a cluster of `world` GPUs leaves beside tp x pp x cp."""
+    split = tp * pp * cp
+    what = "tp x pp x cp" if cp > 1 else "tp x pp"
+    require(world % split == 0, what, split, f"a divisor of the {world} GPUs of {cluster}")
+    return world // split
+
+
 def check_layout(model: ModelSpec, cfg: ParallelConfig) -> None:
     """Refuse layouts Megatron cannot build: TP must divide heads, hidden and ffn; PP the
     layers."""

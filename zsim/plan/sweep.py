@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -122,15 +121,14 @@ def _context(point: Point) -> tuple[Any, Any, Any]:
 
 
 def _simulate(point: Point) -> dict[str, Any]:
-    from zsim.inputs.scenario import build_parallel, check_layout, parse_int
+    from zsim.inputs.scenario import build_parallel, check_layout, dp_left, parse_int
     from zsim.simulation import simulate
 
     model, topo, device = _context(point)
     flags = dict(point.settings)
-    split = math.prod(parse_int(k, flags.get(k)) or 1 for k in ("tp", "pp", "cp"))
-    what = "tp x pp x cp" if "cp" in flags else "tp x pp"
-    require(topo.world_size % split == 0, what, split, f"a divisor of {topo.world_size}")
-    cfg, _ = build_parallel(dp=topo.world_size // split, hidden=model.hidden, **flags)
+    tp, pp, cp = (parse_int(k, flags.get(k)) or 1 for k in ("tp", "pp", "cp"))
+    dp = dp_left(topo.world_size, topo.name, tp, pp, cp)
+    cfg, _ = build_parallel(dp=dp, hidden=model.hidden, **flags)
     check_layout(model, cfg)
     report = simulate(model, cfg, topo, device)
     return _results(report, topo.world_size, cfg)

@@ -223,15 +223,12 @@ class ParallelConfig:
     def _check_context(self) -> None:
         """Context parallelism and FP8 as zsim models them: Megatron-Core's on TransformerEngine
         (`zsim.workload.context_parallel`, `zsim.workload.fp8`), CP with its fused attention."""
-        if self.precision is Precision.FP8:  # TransformerEngine's, as Megatron-Core runs it
-            fp8 = "with precision fp8 (TransformerEngine's FP8 under Megatron-Core)"
-            require(self.dp_engine is DpEngine.MEGATRON, "dp_engine", str(self.dp_engine), fp8)
-        if self.cp == 1:
-            return
-        why = "with cp > 1 (Megatron-Core's context parallelism)"
-        megatron = self.dp_engine is DpEngine.MEGATRON
-        require(megatron, "dp_engine", str(self.dp_engine), f"megatron {why}")
-        require(self.flash_attention, "flash_attention", False, f"true {why}: TE's attention")
+        cp = self.cp > 1
+        why = "cp > 1 (context parallelism)" if cp else "precision fp8 (TransformerEngine's FP8)"
+        if cp or self.precision is Precision.FP8:
+            megatron = self.dp_engine is DpEngine.MEGATRON
+            require(megatron, "dp_engine", str(self.dp_engine), f"megatron with {why}")
+        require(not cp or self.flash_attention, "flash_attention", False, f"true with {why}")
 
     def _check_pipeline(self) -> None:
         """DeepSpeed's and Megatron's pipeline rules."""
@@ -344,6 +341,11 @@ class ParallelConfig:
     @property
     def world_size(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
+
+    def sizes(self, sep: str = ", ") -> tuple[str, str]:
+        """The layout's factors as messages name them, cp where there is one."""
+        names = ("dp", "tp", "pp", *(("cp",) if self.cp > 1 else ()))
+        return " x ".join(names), sep.join(f"{n}={getattr(self, n)}" for n in names)
 
     @property
     def dp_cp(self) -> int:
