@@ -93,3 +93,70 @@ def test_a_pipeline_send_is_estimated_at_its_cp_share():
     warm.estimate(pp2[1])
     fresh = Estimator(LONG, topo, gpu).estimate(pp2[4]).bubble_s
     assert warm.estimate(pp2[4]).bubble_s == pytest.approx(fresh)
+
+
+def _flags(lines: list[str]) -> dict[str, str]:
+    """The launch script's `--flag [value]` pairs (a switch maps to "")."""
+    words = " ".join(line.strip().rstrip("\\") for line in lines).split()
+    found: dict[str, str] = {}
+    for i, word in enumerate(words):
+        if word.startswith("--"):
+            nxt = words[i + 1] if i + 1 < len(words) else "--"
+            found[word] = "" if nxt.startswith("--") else nxt
+    return found
+
+
+def _megatron_params(f: dict[str, str], vocab: int) -> int:
+    """A dense GPT's parameters from its flags, as Megatron-LM's
+    `training/theoretical_memory_usage.compute_weight_and_optimizer_memory` counts them."""
+    h, heads = int(f["--hidden-size"]), int(f["--num-attention-heads"])
+    groups = int(f["--num-query-groups"]) if "--group-query-attention" in f else heads
+    gated = 3 / 2 if "--swiglu" in f else 1
+    norm = 1 if f.get("--normalization") == "RMSNorm" else 2
+    attention = 2 * h * h * (1 + groups / heads)
+    mlp = 2 * h * int(f["--ffn-hidden-size"]) * gated
+    layer = attention + mlp + 2 * h * norm
+    embeddings = (2 if "--untie-embeddings-and-output-weights" in f else 1) * h * vocab
+    return int(int(f["--num-layers"]) * layer + embeddings + norm * h)
+
+
+def test_megatron_cores_flags_build_the_planned_model():
+    # Llama 2 70B: Meta's count (HF config, vocab 32,000) 68,976,648,192 parameters; the
+    # flags must describe that model to Megatron-LM (GQA, SwiGLU, RMSNorm, untied head)
+    from zsim.plan.emit import launch_lines
+    from zsim.workload.parallel import ParallelConfig, PipelineEngine, Precision, Recompute
+
+    model = preset("llama-70b")
+    cfg = ParallelConfig(
+        dp=2,
+        tp=8,
+        pp=4,
+        dp_engine=DpEngine.MEGATRON,
+        pipeline_engine=PipelineEngine.MEGATRON,
+        zero_stage=ZeroStage.OPTIMIZER,
+        precision=Precision.BF16,
+        recompute=Recompute.FULL,
+        micro_batch=1,
+        grad_accum=8,
+    )
+    flags = _flags(launch_lines(model, cfg, nodes=8, gpus_per_node=8))
+    assert _megatron_params(flags, vocab=32000) == 68_976_648_192
+    assert flags["--position-embedding-type"] == "rope"
+    assert flags["--attention-dropout"] == flags["--hidden-dropout"] == "0"
+    assert "--disable-bias-linear" in flags
+    # Megatron-Core raises on full recompute without a layer count (TransformerConfig)
+    assert flags["--recompute-num-layers"] == "1"
+
+
+def test_megatron_deepspeeds_flags_name_the_same_model_its_way():
+    # deepspeedai/Megatron-DeepSpeed's arguments.py: --num-key-value-heads, lower-case norm
+    from zsim.plan.emit import launch_lines
+    from zsim.workload.parallel import ParallelConfig, Precision
+
+    cfg = ParallelConfig(dp=8, tp=8, zero_stage=ZeroStage.OPTIMIZER, precision=Precision.BF16)
+    flags = _flags(launch_lines(preset("llama-70b"), cfg, nodes=8, gpus_per_node=8))
+    assert flags["--num-key-value-heads"] == "8"
+    assert flags["--normalization"] == "rmsnorm"
+    assert "--use-rotary-position-embeddings" in flags
+    assert "--group-query-attention" not in flags
+    assert flags["--deepspeed_config"] == "ds_config.json"

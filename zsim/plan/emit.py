@@ -3,8 +3,10 @@ fsdp.json when FSDP won) and the launcher lines.
 
 The ds_config holds DeepSpeed's keys (`workload.ds_config.to_ds_config`: the batch rule
 satisfied, the ZeRO stage, buckets, offload, precision); tensor and pipeline parallelism are
-the training script's: Megatron-DeepSpeed's flags when the Megatron engine won, DeepSpeed's
-PipelineModule (`num_stages`, `partition_method`) otherwise.
+the training script's: pretrain_gpt.py's flags when Megatron's layers or pipeline won
+(Megatron-Core's with its own DDP and no ds_config, Megatron-DeepSpeed's under DeepSpeed: the
+model's shape, its parallel sizes, recompute, precision), DeepSpeed's PipelineModule
+(`num_stages`, `partition_method`) otherwise.
 """
 
 from __future__ import annotations
@@ -104,6 +106,9 @@ def launch_lines(model: ModelSpec, cfg: Any, nodes: int, gpus_per_node: int) -> 
 
 
 def _megatron(model: ModelSpec, cfg: Any) -> list[str]:
+    """pretrain_gpt.py's flags: Megatron-Core's (NVIDIA Megatron-LM) when its DDP won,
+    Megatron-DeepSpeed's (deepspeedai) under DeepSpeed; the two name some flags apart."""
+    core = cfg.dp_engine is DpEngine.MEGATRON
     flags = [
         f"--tensor-model-parallel-size {cfg.tp}",
         f"--pipeline-model-parallel-size {cfg.pp}",
@@ -111,13 +116,7 @@ def _megatron(model: ModelSpec, cfg: Any) -> list[str]:
         f"--global-batch-size {cfg.global_batch}",
     ]
     if model.kind is ModelKind.TRANSFORMER:
-        flags += [
-            f"--num-layers {model.layers}",
-            f"--hidden-size {model.hidden}",
-            f"--num-attention-heads {model.heads}",
-            f"--seq-length {model.seq_len}",
-            f"--max-position-embeddings {model.seq_len}",
-        ]
+        flags += _model_flags(model, core)
     if cfg.pp_schedule is PipelineSchedule.INTERLEAVED:
         layers = model.layers // (cfg.pp * cfg.virtual_stages)
         flags.append(f"--num-layers-per-virtual-pipeline-stage {layers}")
@@ -125,19 +124,49 @@ def _megatron(model: ModelSpec, cfg: Any) -> list[str]:
         flags.append(f"--pp-partition-method '{cfg.pp_partition}'")
     if cfg.sequence_parallel:
         flags.append("--sequence-parallel")
-    if cfg.flash_attention:
-        flags.append("--use-flash-attn")
-    if cfg.recompute is Recompute.FULL:
+    if cfg.flash_attention:  # Megatron-DeepSpeed's --use-flash-attn is version 1
+        flags.append("--use-flash-attn" if core else "--use-flash-attn-v2")
+    if cfg.recompute is Recompute.FULL:  # Megatron-Core refuses full without a layer count
         flags.append("--recompute-granularity full --recompute-method uniform")
+        flags.append("--recompute-num-layers 1")
     elif cfg.recompute is Recompute.SELECTIVE:
         flags.append("--recompute-granularity selective")
     if cfg.precision.mixed:
         flags.append(f"--{cfg.precision.compute}")
-    if cfg.dp_engine is not DpEngine.MEGATRON:
-        flags.append("--deepspeed --deepspeed_config ds_config.json")
-    else:
-        flags += _megatron_core(cfg)
+    flags += _megatron_core(cfg) if core else ["--deepspeed --deepspeed_config ds_config.json"]
     return [f"    {flag} \\" for flag in flags[:-1]] + [f"    {flags[-1]}"]
+
+
+def _model_flags(model: ModelSpec, core: bool) -> list[str]:
+    """The model's shape as the script builds it; every choice that differs from the
+    scripts' defaults (GeLU, LayerNorm, biases, learned positions, tied head, dropout 0.1)."""
+    flags = [
+        f"--num-layers {model.layers}",
+        f"--hidden-size {model.hidden}",
+        f"--ffn-hidden-size {model.ffn_hidden}",
+        f"--num-attention-heads {model.heads}",
+        f"--seq-length {model.seq_len}",
+        f"--max-position-embeddings {model.seq_len}",
+    ]
+    if model.n_kv_heads != model.heads:
+        gqa = f"--group-query-attention --num-query-groups {model.n_kv_heads}"
+        flags.append(gqa if core else f"--num-key-value-heads {model.n_kv_heads}")
+    if model.gated_mlp:
+        flags.append("--swiglu")
+    if model.rmsnorm:
+        flags.append(f"--normalization {'RMSNorm' if core else 'rmsnorm'}")
+    if not model.bias:
+        flags.append("--disable-bias-linear")
+    if model.rotary:
+        rope = "--position-embedding-type rope"
+        flags.append(rope if core else "--use-rotary-position-embeddings")
+    elif not model.learned_positions:  # ALiBi: neither script has it (BigScience's fork did)
+        flags.append("--position-embedding-type none" if core else "--no-position-embedding")
+    if not model.tied_embeddings:
+        flags.append("--untie-embeddings-and-output-weights")
+    if not model.dropout:
+        flags.append("--attention-dropout 0 --hidden-dropout 0")
+    return flags
 
 
 def _megatron_core(cfg: Any) -> list[str]:
@@ -149,6 +178,8 @@ def _megatron_core(cfg: Any) -> list[str]:
         flags.append("--overlap-grad-reduce")
     if cfg.overlap_param_gather:
         flags.append("--overlap-param-gather")
+    if cfg.tp_comm_overlap:
+        flags.append("--tp-comm-overlap")
     if cfg.precision is Precision.FP8:
         flags.append("--fp8-format hybrid")
     return flags
