@@ -39,15 +39,16 @@ def test_the_blocks_linears_run_in_fp8_and_nothing_else():
 
 
 def test_an_fp8_gemm_takes_the_fp8_rate():
-    # the preset's FP8 peak is twice its bf16 peak (1979 / 989.4 TFLOP/s, the datasheet), and
-    # both take the FP8 cuBLASLt rows' efficiency: a large GEMM's time halves, but for the
-    # fixed per-kernel cost
+    # the preset's FP8 peak is twice its bf16 peak (1979 / 989.4 TFLOP/s, the datasheet); the
+    # two dtypes' efficiencies stand as mamf-finder measured them on the H100 (BF16 794.5 / 989,
+    # FP8 1402.6 / 1979): a large GEMM's time falls by their ratio, but for the fixed cost
     ops = forward_ops(LLAMA, BLOCK, Shard(8, fp8=True))
     gemm = next(op for op in ops if op.name == "fc1")
     bf16 = H100.op_time_s(replace(gemm, fp8=False), "bf16")
     fp8 = H100.op_time_s(gemm, "bf16")
     fixed = H100.rates_for("bf16").gemm_overhead_s
-    assert (fp8 - fixed) == pytest.approx((bf16 - fixed) * 989.4 / 1979, rel=0.02)
+    achieved = (989.4 * 794.5 / 989) / (1979 * 1402.6 / 1979)
+    assert (fp8 - fixed) == pytest.approx((bf16 - fixed) * achieved, rel=0.02)
 
 
 def test_casts_read_bf16_and_write_fp8_and_its_transpose():

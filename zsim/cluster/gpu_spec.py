@@ -19,6 +19,18 @@ from zsim.errors import positive_number, require
 # bandwidth (benchmarks/results/cpu_adam.md, measured with DeepSpeed 0.19.8 on CPU)
 CPU_ADAM_COPY_FRACTION = 0.95
 
+# Maximum achievable matmul efficiency (the best shape of a sweep / the spec peak) by GPU and
+# dtype, each GPU measured with one tool (mamf-finder.py): stas00/ml-engineering,
+# compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS comparison table" (H100 SXM
+# BF16 794.5 / 989 TFLOP/s, FP8 1402.6 / 1979; H200 FP8 1453.4 / 1979, BF16 "the same" as
+# the H100's). Only their ratio is used: it carries a GPU's GEMM rows of one dtype over to
+# another (the reference rows of Hopper are FP8 only).
+MAMF_EFFICIENCY: dict[str, dict[str, float]] = {
+    "h100": {"bf16": 794.5 / 989, "fp8": 1402.6 / 1979},
+    "h200": {"bf16": 794.5 / 989, "fp8": 1453.4 / 1979},
+}
+SIXTEEN_BIT = ("fp16", "bf16")  # one tensor-core rate on these GPUs (spec sheets)
+
 
 def host_memory_bytes(spec: Mapping[str, Any]) -> float:
     """One GPU's rank's share of its host's DRAM (spec sheet), which offload fills; 0 when
@@ -102,6 +114,20 @@ def _flash(
     return eff, family, (int(dims[0].group(1)), int(dims[1].group(1)))
 
 
+def dtype_ratios(match: str, rows_dtype: str, dtypes: list[str]) -> dict[str, float]:
+    """Each dtype's GEMM efficiency relative to that of the rows' dtype: the ratio of the two
+    dtypes' maximum achievable efficiencies on this GPU (MAMF_EFFICIENCY), 1 where either is
+    not measured."""
+    text = match.lower()
+    mamf = next((e for gpu, e in MAMF_EFFICIENCY.items() if gpu in text), {})
+
+    def measured(dtype: str) -> float:
+        return mamf.get("bf16" if dtype in SIXTEEN_BIT else dtype, 0.0)
+
+    base = measured(rows_dtype)
+    return {d: measured(d) / base if base and measured(d) else 1.0 for d in dtypes}
+
+
 def _number(row: dict[str, str], key: str) -> float:
     return float(row[key].replace(",", ""))
 
@@ -124,14 +150,12 @@ def profile_from_spec(
     require(bool(rows), f"{name}.match", source.get("match"), "a gpu_type in the reference rows")
     notes = [] if source is spec else [f"efficiencies borrowed from {source['name']} measurements"]
 
-    gemm_rows = [r for r in rows if r["benchmark"] == "cuBLASLt GEMM"]
-    gemm_dtype = gemm_rows[0]["dtype"].lower()
-    rate, overhead, per_output = fit_gemm_tiles(
-        [(int(r["m"]), int(r["n"]), int(r["k"]), _number(r, "value")) for r in gemm_rows]
-    )
+    gemm_dtype, rate, overhead, per_output = _gemm_fit(rows)
     gemm_eff = rate / source_peaks[gemm_dtype]
-    if gemm_dtype not in ("fp16", "bf16"):
-        notes.append(f"16-bit GEMM efficiency taken from {gemm_dtype.upper()} measurements")
+    ratio = dtype_ratios(str(source["match"]), gemm_dtype, list(peaks))
+    if gemm_dtype not in SIXTEEN_BIT:
+        carried = f"x {ratio['bf16']:.3f} (MAMF)" if ratio.get("bf16", 1.0) != 1.0 else "as is"
+        notes.append(f"16-bit GEMM efficiency from {gemm_dtype.upper()} measurements, {carried}")
     flash_eff, family, anchor = _flash(rows, str(source["match"]), source_peaks["bf16"])
     flash_eff = flash_eff or gemm_eff / 2
     hbm = [
@@ -139,15 +163,15 @@ def profile_from_spec(
     ]
     hbm_frac = float(np.median(hbm)) * 1e12 / (float(source["hbm_GBps"]) * GB)
     mem_rate = hbm_frac * positive_number(f"{name}.hbm_GBps", spec["hbm_GBps"]) * GB
-    # the per-output cost scales as the rate does: the same tiles at this dtype's peak
+    # the per-output cost scales as the rate does: the same tiles at this dtype's rate
     rates = {
         dtype: ComputeRates(
-            peak * gemm_eff,
+            peak * gemm_eff * ratio[dtype],
             overhead,
             peak * flash_eff,
             mem_rate,
             overhead,
-            per_output * source_peaks[gemm_dtype] / peak,
+            per_output * source_peaks[gemm_dtype] / (peak * ratio[dtype]),
             *(family, anchor),
         )
         for dtype, peak in peaks.items()
@@ -165,6 +189,13 @@ def profile_from_spec(
         sm_count=int(spec.get("sm_count", 0)),
         notes=tuple(notes),
     )
+
+
+def _gemm_fit(rows: list[dict[str, str]]) -> tuple[str, float, float, float]:
+    """The cuBLASLt rows' dtype and their fit: rate, overhead, cost per output element."""
+    gemm_rows = [r for r in rows if r["benchmark"] == "cuBLASLt GEMM"]
+    shapes = [(int(r["m"]), int(r["n"]), int(r["k"]), _number(r, "value")) for r in gemm_rows]
+    return (gemm_rows[0]["dtype"].lower(), *fit_gemm_tiles(shapes))
 
 
 def _peaks(spec: Mapping[str, Any]) -> dict[str, float]:
