@@ -108,3 +108,50 @@ def test_a_profiles_16_bit_layer_times_do_not_stand_for_fp8():
     for precision, timed in (("bf16", True), ("fp8", False)):
         job = StageJob.of(LLAMA, _cfg(precision=precision, micro_batch=1), profile, 0, False)
         assert (LayerKernels(job, None).measured(BLOCK) is not None) is timed
+
+
+def test_delayed_scalings_amaxes_are_three_and_two_per_gemm():
+    # TE module/base.py: `num_gemms * 3` FP8 tensors forward, `* 2` backward, fp32 amaxes;
+    # a block's TE modules run qkv, proj, fc1 and fc2: 4 GEMMs
+    from zsim.workload.fp8 import amax_bytes
+
+    blocks = [x for x in LLAMA.layer_list() if x.kind is LayerKind.BLOCK]
+    assert amax_bytes(blocks, True) == len(blocks) * 4 * 3 * 4
+    assert amax_bytes(blocks, False) == len(blocks) * 4 * 2 * 4
+    head = [x for x in LLAMA.layer_list() if x.kind is LayerKind.HEAD]
+    assert amax_bytes(head, True) == 0  # Megatron-Core's output layer is not a TE module
+
+
+def test_each_chunk_reduces_its_amaxes_over_its_stage_after_forward_and_backward():
+    # Megatron-Core: one fp8_autocast per model chunk's TransformerBlock (delayed scaling),
+    # over get_amax_reduction_group(with_context_parallel=True): the stage's tp x dp x cp
+    # ranks; TE all-reduces at the region's end (forward) and after its first module's
+    # backward, blocking (async_op=False): 2 x micro-batches x chunks per rank
+    from zsim.cluster.grid import RankGrid
+    from zsim.step.builder import build_program
+    from zsim.step.groups import RankGroups
+    from zsim.step.program import Group, Stream
+
+    model = with_overrides(preset("llama-7b"), layers=8, seq_len=2048)
+    cfg = _cfg(
+        dp=2,
+        tp=2,
+        pp=2,
+        cp=2,
+        pp_schedule="interleaved",
+        virtual_stages=2,
+        pipeline_engine="megatron",
+        grad_accum=4,
+        sequence_parallel=True,
+    )
+    program = build_program(model, cfg, H100, stage=1)
+    reduces = [t for t in program.tasks if t.name.endswith("amax_reduce")]
+    assert len(reduces) == 2 * cfg.grad_accum * cfg.virtual_stages
+    assert {t.stream for t in reduces} == {Stream.COMPUTE}
+    assert {t.comm.group for t in reduces} == {Group.STAGE}
+    grid = RankGrid(dp=cfg.dp_cp, pp=cfg.pp, tp=cfg.tp)
+    stage = RankGroups(grid, None, full=True, block=1).group_of(grid.rank(1, 1, 1), Group.STAGE)
+    assert stage == tuple(sorted(grid.rank(d, 1, t) for d in range(4) for t in range(2)))
+    for off in (_cfg(precision="bf16"), replace(cfg, without=frozenset({"fp8-amax"}))):
+        tasks = build_program(model, off, H100, stage=0).tasks
+        assert not any("amax" in t.name for t in tasks)

@@ -146,3 +146,42 @@ def test_interleaving_aligns_the_parameter_gathers():
     gathers = [t for t in program.tasks if t.name == "param_gather"]
     assert len(gathers) == 3  # one bucket per chunk beyond the first stage
     assert [bool(t.deps) for t in gathers] == [False, False, True]
+
+
+def test_a_pipeline_send_waits_for_the_grad_scaling_queued_before_it():
+    # the last micro-batch's backward scales each finished bucket in place on the compute
+    # stream (`start_grad_sync`: grad_data *= 1/dp) before the schedule sends the chunk's
+    # input gradient; PyTorch's NCCL stream waits on the compute stream when the send is
+    # issued, so the send starts after the scaling (schedules.py: the grad sync is launched
+    # inside backward_step_helper, before send_backward); the interleaved schedule's sends
+    # run beside compute (the others' block the loop anyway)
+    from dataclasses import replace
+
+    model = preset("gpt-125m")
+    cfg = _cfg(
+        dp=4,
+        pp=2,
+        grad_accum=4,
+        pipeline_engine="megatron",
+        pp_schedule="interleaved",
+        virtual_stages=2,
+    )
+    topo = presets.topology("1x8-dgx-a100")
+
+    def waits(config: ParallelConfig) -> list[bool]:
+        """For each of the last stage's last-micro-batch sends: whether it starts after the
+        grad scaling that started before it ended."""
+        rank = config.world_size // 2
+        spans = [
+            s for s in simulate(model, config, topo, A100).engine.all_spans() if s.rank == rank
+        ]
+        scales = [s for s in spans if s.name == "grad_scale"]
+        sends = [s for s in spans if s.name.startswith("send.grad3")]
+        assert len(sends) == len(scales) == 2  # a chunk each
+        return [
+            send.start_s >= max(x.end_s for x in scales if x.start_s <= send.start_s)
+            for send in sends
+        ]
+
+    assert all(waits(cfg))
+    assert not any(waits(replace(cfg, without=frozenset({"send-queue"}))))

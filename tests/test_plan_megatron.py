@@ -160,3 +160,36 @@ def test_megatron_deepspeeds_flags_name_the_same_model_its_way():
     assert "--use-rotary-position-embeddings" in flags
     assert "--group-query-attention" not in flags
     assert flags["--deepspeed_config"] == "ds_config.json"
+
+
+@pytest.mark.consistency
+def test_the_closed_form_charges_fp8_amax_reductions_as_the_simulator_does():
+    # 2 x micro-batches x chunks blocking all-reduces over the stage's 8 ranks (2 nodes):
+    # what they add to the step in the closed form and in the simulation, within 25 %
+    from dataclasses import replace
+
+    from zsim.workload.parallel import ParallelConfig, PipelineEngine
+
+    model = with_overrides(preset("llama-7b"), layers=8, seq_len=2048)
+    topo, gpu = presets.topology("2x8-dgx-h100"), presets.gpu("h100-sxm")
+    cfg = ParallelConfig(
+        dp=4,
+        tp=2,
+        pp=2,
+        zero_stage=ZeroStage.OPTIMIZER,
+        precision="fp8",
+        dp_engine=DpEngine.MEGATRON,
+        pipeline_engine=PipelineEngine.MEGATRON,
+        pp_schedule="interleaved",
+        virtual_stages=2,
+        grad_accum=8,
+        flash_attention=True,
+        sequence_parallel=True,
+    )
+    off = replace(cfg, without=frozenset({"fp8-amax"}))
+    closed = Estimator(model, topo, gpu).estimate(cfg).step_s
+    closed -= Estimator(model, topo, gpu).estimate(off).step_s
+    simulated = simulate(model, cfg, topo, gpu).step_time_s
+    simulated -= simulate(model, off, topo, gpu).step_time_s
+    assert simulated > 0
+    assert closed == pytest.approx(simulated, rel=0.25)

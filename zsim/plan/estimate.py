@@ -33,7 +33,7 @@ from zsim.memory import stage_params
 from zsim.network.collective import CollectiveCall, CollectiveOp
 from zsim.network.communicator import Communicator, simulate_s
 from zsim.plan.fsdp_terms import FsdpGroups, fsdp_groups, fsdp_terms
-from zsim.plan.megatron_terms import megatron_terms
+from zsim.plan.megatron_terms import amax_s, megatron_terms
 from zsim.plan.pipeline_terms import bubble_s, partitioned_s
 from zsim.plan.qgz_terms import Averaged, qgz_terms
 from zsim.plan.zero3_terms import GatherSums, zero3_terms
@@ -51,6 +51,7 @@ from zsim.workload.parallel import (
     DpEngine,
     Offload,
     ParallelConfig,
+    Precision,
     ZeroStage,
 )
 from zsim.workload.shapes import forward_flops
@@ -89,7 +90,7 @@ class Estimator:
         self.comms = Communicator(simpy.Environment(), topology)
         self.gloo = topology.fabric.backend is Backend.GLOO
         self._passes: dict[tuple[object, ...], tuple[float, float]] = {}
-        self._lines: dict[tuple[CollectiveOp, int], tuple[float, float]] = {}
+        self._lines: dict[tuple[object, ...], tuple[float, float]] = {}
         self._pipelines: dict[tuple[object, ...], _Pipeline] = {}
         self._grids: dict[tuple[object, ...], RankGrid] = {}
         self._groups: dict[tuple[object, ...], tuple[int, ...]] = {}
@@ -133,6 +134,13 @@ class Estimator:
         intercept, slope = self._lines[key]
         return intercept + slope * nbytes
 
+    def latency_s(self, op: CollectiveOp, nbytes: float, group: tuple[int, ...]) -> float:
+        """A latency-bound call (FP8's amaxes) by its own plan, not the large sizes' line."""
+        if (op, id(group), nbytes) not in self._lines:
+            closed = self.comms.plan(CollectiveCall(op, nbytes, group)).closed_form_s
+            self._lines[(op, id(group), nbytes)] = (closed, 0.0)
+        return self._lines[(op, id(group), nbytes)][0]
+
     def _rivals(
         self, op: CollectiveOp, group: tuple[int, ...], beside: tuple[tuple[int, ...], ...]
     ) -> list[tuple[int, ...]]:
@@ -166,7 +174,8 @@ class Estimator:
 
     def estimate(self, cfg: ParallelConfig) -> Estimate:
         grid = self._grid(cfg)
-        kernel = (cfg.pp, cfg.virtual_stages, *pass_key(cfg))
+        fp8 = cfg.precision is Precision.FP8  # its amax reductions span the stage's ranks
+        kernel = (cfg.pp, cfg.virtual_stages, *pass_key(cfg), cfg.dp_cp if fp8 else 0)
         pipeline = self._pipeline(cfg, kernel)
         compute = cfg.grad_accum * pipeline.slowest
         bubble = self._bubble(cfg, grid, pipeline)
@@ -175,16 +184,9 @@ class Estimator:
         step = compute + bubble + exposed + optimizer
         flops = 3 * self._forward_flops(cfg.micro_batch) * cfg.grad_accum * cfg.dp
         peak = self.device.peak_flops.get(str(cfg.precision.compute), 0.0)
-        return Estimate(
-            step,
-            compute,
-            exposed,
-            bubble,
-            optimizer,
-            cfg.global_batch * self.model.seq_len / step,
-            flops / step / cfg.world_size / peak if peak else 0.0,
-            max(t[2] for t in tails),
-        )
+        mfu = flops / step / cfg.world_size / peak if peak else 0.0
+        tokens, dp_bytes = cfg.global_batch * self.model.seq_len / step, max(t[2] for t in tails)
+        return Estimate(step, compute, exposed, bubble, optimizer, tokens, mfu, dp_bytes)
 
     def job(self, cfg: ParallelConfig, stage: int) -> StageJob:
         return StageJob.of(self.model, cfg, self.device, stage, self.gloo)
@@ -219,9 +221,11 @@ class Estimator:
             self._stages[key] = ([(n, first[k]) for k, n in alike.items()], held)
         kinds, held = self._stages[key]
         times = [(n, self.layer_pass_s(cfg, stage, layer)) for n, layer in kinds]
-        forward = sum(n * f for n, (f, _) in times)
-        backward = sum(n * b for n, (_, b) in times)
-        return forward, backward, held
+        amax = (0.0, 0.0)  # FP8's amax reductions (TransformerEngine), once per chunk pass
+        if cfg.precision is Precision.FP8:
+            amax = amax_s(self.job(cfg, stage), self.latency_s, self._grid(cfg), stage, self._kept)
+        forward = amax[0] + sum(n * f for n, (f, _) in times)
+        return forward, amax[1] + sum(n * b for n, (_, b) in times), held
 
     def _forward_flops(self, micro_batch: int) -> float:
         if micro_batch not in self._flops:
@@ -242,8 +246,7 @@ class Estimator:
                 gather = self.collective_s(CollectiveOp.ALL_GATHER, act, tp_group)
                 self._flops[key] = partitioned_s(job, gather)
             partitioned = self._flops[key]
-        send = self._send_s(cfg, grid)
-        return bubble_s(cfg, pipeline.slowest, pipeline.total, send, partitioned)
+        return bubble_s(cfg, pipeline.slowest, pipeline.total, self._send_s(cfg, grid), partitioned)
 
     def _send_s(self, cfg: ParallelConfig, grid: RankGrid) -> float:
         """One activation from stage 0 to 1, beside the same send of every other (dp, tp)
@@ -254,11 +257,8 @@ class Estimator:
             self._flops[key] = self.job(cfg, 0).activation_bytes() / parts
         where = ("pair", grid.dp, grid.pp, grid.tp)
         if where not in self._groups:
-            pairs = [
-                (grid.rank(d, 0, t), grid.rank(d, 1, t))
-                for d in range(grid.dp)
-                for t in range(grid.tp)
-            ]
+            dp_tp = [(d, t) for d in range(grid.dp) for t in range(grid.tp)]
+            pairs = [(grid.rank(d, 0, t), grid.rank(d, 1, t)) for d, t in dp_tp]
             every = tuple(pairs)  # the same sends in another layout: one line
             if every not in self._sends:
                 self._sends[every] = pairs[0]

@@ -14,12 +14,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from zsim.cluster.device import DeviceProfile
+from zsim.cluster.grid import RankGrid
 from zsim.network.collective import CollectiveOp, bus_bandwidth_factor
 from zsim.step.job import StageJob
 from zsim.step.megatron_dp import bucket_numel, buckets, grad_bytes
-from zsim.workload.parallel import ZeroStage
+from zsim.workload.fp8 import AMAX_KERNELS, amax_bytes
+from zsim.workload.mechanisms import Mechanism
+from zsim.workload.parallel import Precision, ZeroStage
 
 Collective = Callable[[CollectiveOp, float, tuple[int, ...]], float]
+Kept = Callable[[tuple[object, ...], tuple[int, ...]], tuple[int, ...]]
 
 
 def megatron_terms(
@@ -50,3 +54,24 @@ def megatron_terms(
             after = sum(gathers)
         sent += sum((n - 1) / n * s * e for s in sizes)
     return exposed, after, sent
+
+
+def amax_s(
+    job: StageJob, collective: Collective, grid: RankGrid, stage: int, kept: Kept
+) -> tuple[float, float]:
+    """TransformerEngine's amax reductions in one micro-batch's forward and backward of a rank
+    (`step.builder`): per FP8 chunk, an all-reduce over its pipeline stage's ranks (`kept`
+    once per layout shape: collectives' lines are keyed by the group) and its kernels."""
+    cfg = job.cfg
+    if cfg.precision is not Precision.FP8 or not cfg.models(Mechanism.FP8_AMAX):
+        return 0.0, 0.0
+    ranks = (grid.rank(d, stage, t) for d in range(grid.dp) for t in range(grid.tp))
+    group = kept(("stage", grid.dp, grid.pp, grid.tp, stage), tuple(sorted(ranks)))
+
+    def one(nbytes: float) -> float:
+        kernels = AMAX_KERNELS * job.device.copy_time_s(nbytes, job.dtype)
+        reduce = collective(CollectiveOp.ALL_REDUCE, nbytes, group) if len(group) > 1 else 0.0
+        return reduce + kernels if nbytes else 0.0
+
+    forward = sum(one(amax_bytes(chunk, True)) for chunk in job.chunks)
+    return forward, sum(one(amax_bytes(chunk, False)) for chunk in job.chunks)

@@ -16,6 +16,7 @@ from functools import partial
 from typing import Protocol
 
 from zsim.cluster.device import DeviceProfile
+from zsim.network.collective import CollectiveOp
 from zsim.step.fsdp import FsdpReduce, FsdpUnshard
 from zsim.step.job import StageJob
 from zsim.step.kernels import LayerKernels
@@ -29,12 +30,13 @@ from zsim.step.pipeline import (
     megatron_schedule,
     tied_embedding_reduce,
 )
-from zsim.step.program import Category, Comm, Program, ProgramWriter, Task
+from zsim.step.program import Category, Comm, Group, Program, ProgramWriter, Task
 from zsim.step.zero3 import ParameterGathers
 from zsim.step.zero_reduce import GradientReducer, Reducer
+from zsim.workload.fp8 import AMAX_KERNELS, amax_bytes
 from zsim.workload.mechanisms import Mechanism
 from zsim.workload.model import ComputeOp, Layer, ModelSpec
-from zsim.workload.parallel import DpEngine, ParallelConfig, PipelineEngine, ZeroStage
+from zsim.workload.parallel import DpEngine, ParallelConfig, PipelineEngine, Precision, ZeroStage
 
 ENGINE_STEP_HOST = "engine_step_host"
 
@@ -108,11 +110,25 @@ class _Passes:
                 if hooks:
                     task = self.reducer.grads_ready(layer, task) or task
                 done = [task]
+        done = self._amax_reduce(layers, work.forward, done, tag)
         if hooks:
             self.reducer.flush()  # the backward epilogue reduces what is left in the bucket
+            done = self._epilogue(done, tag)
+        if not work.forward:
+            done = self._accumulate(layers, accumulating, done)
+        self._previous = done
+        return done[0]
+
+    def _epilogue(self, done: list[Task], tag: str) -> list[Task]:
+        """What a backward with reduction hooks waits for before the host goes on."""
+        cfg, writer = self.job.cfg, self.writer
+        if cfg.dp_engine is DpEngine.MEGATRON and cfg.pp > 1 and cfg.models(Mechanism.SEND_QUEUE):
+            # the chunk's send, issued once its backward returned, waits for what its hooks
+            # queued on the compute stream (the buckets' grad scaling): PyTorch's NCCL stream
+            # waits on the current stream when a call is issued
+            return [writer.compute(f"{tag}.queued", 0.0, Category.BACKWARD, done)]
         if (
-            hooks
-            and cfg.overlap_comm
+            cfg.overlap_comm
             and cfg.pp == 1
             and not self.job.gloo
             and cfg.models(Mechanism.EPILOGUE_WAIT)
@@ -123,11 +139,27 @@ class _Passes:
             # synchronize(); stage_1_and_2.py: synchronize() with overlap_comm). Pipelines
             # reduce after their schedule (DeepSpeed) or wait once at its end (Megatron).
             waits = [*done, *self.reducer.pending()]
-            done = [writer.compute("backward_epilogue_sync", 0.0, Category.BACKWARD, waits)]
-        if not work.forward:
-            done = self._accumulate(layers, accumulating, done)
-        self._previous = done
-        return done[0]
+            return [writer.compute("backward_epilogue_sync", 0.0, Category.BACKWARD, waits)]
+        return done
+
+    def _amax_reduce(
+        self, layers: Sequence[Layer], forward: bool, done: list[Task], tag: str
+    ) -> list[Task]:
+        """TransformerEngine's delayed scaling at the end of the chunk's FP8 region: its amaxes
+        concatenated, all-reduced over the stage's ranks (blocking the compute stream), and
+        the scales updated (`workload.fp8.amax_bytes`)."""
+        job, writer = self.job, self.writer
+        nbytes = amax_bytes(layers, forward)
+        if job.cfg.precision is not Precision.FP8 or not job.cfg.models(Mechanism.FP8_AMAX):
+            return done
+        if not nbytes:
+            return done
+        category = Category.FP8_AMAX
+        if job.cfg.dp_cp * job.cfg.tp > 1:  # TE skips a one-rank group's reduction
+            comm = Comm(CollectiveOp.ALL_REDUCE, nbytes, Group.STAGE)
+            done = [writer.comm(f"{tag}.amax_reduce", comm, category, done)]
+        seconds = AMAX_KERNELS * job.device.copy_time_s(nbytes, job.dtype)
+        return [writer.compute(f"{tag}.amax_update", seconds, category, done)]
 
     def _accumulate(
         self, layers: Sequence[Layer], accumulating: bool, done: list[Task]

@@ -76,6 +76,9 @@ class RankGroups:
             return tuple(g.rank(d, pp_i, tp_i) for d in range(first, first + size))
         if group in _STRIDES:
             return tuple(g.rank(d, pp_i, tp_i) for d in range(dp_i % self.block, g.dp, self.block))
+        if group is Group.STAGE:
+            pairs = itertools.product(range(g.dp), range(g.tp))
+            return tuple(sorted(g.rank(d, pp_i, t) for d, t in pairs))
         return tuple(g.rank(dp_i, p, tp_i) for p in range(g.pp))
 
     def _block_of(self, group: Group) -> int:
@@ -106,6 +109,8 @@ class RankGroups:
         return self._contending[key]
 
     def _find_replicas(self, rank: int, group: Group) -> list[tuple[int, ...]]:
+        if group is Group.STAGE:  # one group holds every rank of the stage
+            return []
         _, pp_i, _ = self.coords(rank)
         kind = {Group.TP: GroupKind.TP, Group.DP: GroupKind.DP}.get(group)
         mine = self.group_of(rank, group)

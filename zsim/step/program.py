@@ -42,6 +42,7 @@ class Category(StrEnum):
     OPTIMIZER = "optimizer"
     TP_COMM = "tp_comm"
     CP_COMM = "cp_comm"
+    FP8_AMAX = "fp8_amax"  # TransformerEngine's amax reductions (delayed scaling)
     GRAD_REDUCE = "grad_reduce"
     PARAM_GATHER = "param_gather"
     PP_COMM = "pp_comm"
@@ -61,6 +62,7 @@ class Group(StrEnum):
     NODE = "node"  # ZeRO++'s qgZ: the GPUs of one node (DeepSpeed's `local_<node>` group)
     ACROSS = "across"  # ... and the same GPU of every node (its `global_<gpu>` group)
     CP = "cp"  # context parallelism's ring: consecutive data-parallel ranks (`cp` of them)
+    STAGE = "stage"  # every rank of the pipeline stage (TP x DP x CP: FP8's amax reductions)
 
 
 class Comm(NamedTuple):

@@ -18,7 +18,17 @@ With sequence parallelism, the inputs of qkv and fc1 are cast on the rank's shar
 gathers them. Not modelled: the casts TE fuses into the kernel before them (the norm's output
 written in FP8 by LayerNormLinear, the activation's by LayerNormMLP): each cast here is a pass
 of its own, an upper bound; those all-gathers moving FP8 (costed in bf16); the once-a-step
-weight casts and amax reductions (a pass over the weights, small beside a step's GEMMs).
+weight casts (a pass over the weights, small beside a step's GEMMs).
+
+Delayed scaling's amax reductions (`amax_bytes`): TE reduces the amaxes of every FP8 tensor of
+an `fp8_autocast` region across its group when the region ends (`quantization.py`
+`autocast_exit` -> `reduce_and_update_fp8_tensors`: `torch.cat`, a blocking all-reduce MAX,
+`fused_amax_and_scale_update_after_reduction`), and those of the backward once the region's
+first module has run its backward (`linear.py`, `layernorm_linear.py`). Megatron-Core wraps each
+model chunk's TransformerBlock in one region with delayed scaling, its default recipe
+(`transformer_block.py`), over the tensor x data x context-parallel ranks of its pipeline stage
+(`fp8_utils.get_fp8_context`: `get_amax_reduction_group(with_context_parallel=True)`): two
+small blocking all-reduces per chunk and micro-batch.
 """
 
 from __future__ import annotations
@@ -36,6 +46,13 @@ CAST_TRANSPOSE_BYTES = 4.0
 
 FP8_WEIGHT_BYTES = 2.0
 """Bytes per parameter of TE's FP8 weight copy and its transpose, beside the bf16 parameter."""
+
+AMAX_TENSORS = {True: 3, False: 2}
+"""FP8 tensors a GEMM scales, forward (input, weight, output) and backward (the output's and
+the input's gradients): TE `module/base.py` (`num_gemms * 3 if fwd else num_gemms * 2`)."""
+
+AMAX_KERNELS = 2
+"""Kernels around each reduction: the amaxes' `torch.cat` and the fused scale update."""
 
 
 def around(gemm: ComputeOp, gathered: int = 1) -> list[ComputeOp]:
@@ -56,3 +73,10 @@ def weight_params(layers: Iterable[Layer], tp: int) -> int:
     weights = {f"{name}.weight" for name in FP8_GEMMS}
     blocks = (x for x in layers if x.kind is LayerKind.BLOCK)
     return sum(t.per_rank(tp) for x in blocks for t in x.tensors if t.name in weights)
+
+
+def amax_bytes(layers: Iterable[Layer], forward: bool) -> float:
+    """The fp32 amaxes one FP8 region (a chunk's blocks) reduces after its forward or its
+    backward: one per FP8 tensor of its GEMMs (0 without an FP8 GEMM)."""
+    blocks = sum(1 for x in layers if x.kind is LayerKind.BLOCK)
+    return 4.0 * AMAX_TENSORS[forward] * len(FP8_GEMMS) * blocks

@@ -24,6 +24,8 @@ class Mechanism(StrEnum):
     ENGINE_HOST = "engine-host"
     TE_SM_MARGINS = "te-sm-margins"
     EAGER_OPS = "eager-ops"
+    FP8_AMAX = "fp8-amax"
+    SEND_QUEUE = "send-queue"
 
 
 MECHANISMS: dict[Mechanism, str] = {
@@ -52,6 +54,12 @@ MECHANISMS: dict[Mechanism, str] = {
     "communication kernels leave them (set_sm_margin; off: every SM)",
     Mechanism.EAGER_OPS: "a block's norms, RoPE and activation one kernel per PyTorch op where "
     "the job runs them eagerly, zsim.workload.eager (off: fused kernels)",
+    Mechanism.FP8_AMAX: "TransformerEngine's delayed-scaling amax reductions: a blocking "
+    "all-reduce over the stage's TP x DP x CP ranks after each chunk's forward and backward, "
+    "zsim.workload.fp8 (off: none)",
+    Mechanism.SEND_QUEUE: "a pipeline send waits for what was queued before it on the compute "
+    "stream: Megatron-Core's grad scaling in the last micro-batch's backward (off: for the "
+    "pass's own kernels only)",
 }
 
 
