@@ -185,3 +185,15 @@ def test_a_pipeline_send_waits_for_the_grad_scaling_queued_before_it():
 
     assert all(waits(cfg))
     assert not any(waits(replace(cfg, without=frozenset({"send-queue"}))))
+
+
+def test_the_grad_scaling_reads_and_writes_each_fp32_gradient_once():
+    # `grad_data *= gradient_scaling_factor` on the fp32 main_grad buffer: 4 bytes read and
+    # 4 written per element at the GPU's read-plus-write HBM rate; the MLP's 8 x (4096^2 +
+    # 4096) parameters, bucket padding aside
+    cfg = _cfg(dp=8)
+    program = build_program(MLP, cfg, A100, 0)
+    scaled = sum(t.duration_s for t in program.tasks if t.name == "grad_scale")
+    params = 8 * (4096**2 + 4096)
+    expected = params * 8 / A100.rates_for("bf16").memory_bytes_per_s
+    assert scaled == pytest.approx(expected, rel=1e-3)

@@ -40,7 +40,7 @@ def megatron_terms(
     sizes = [bucket_numel(job, b) for b in buckets(job)]
     sharded = cfg.zero_stage is ZeroStage.OPTIMIZER
     op = CollectiveOp.REDUCE_SCATTER if sharded else CollectiveOp.ALL_REDUCE
-    scale = [device.copy_time_s(2 * d * s, job.dtype) for s in sizes]  # as megatron_dp's pass
+    scale = [device.copy_time_s(d * s, job.dtype) for s in sizes]  # as megatron_dp scales
     calls = [t + collective(op, s * d, group) for t, s in zip(scale, sizes, strict=True)]
     total = sum(calls)
     exposed = max(total - backward, calls[-1]) if cfg.overlap_comm else total

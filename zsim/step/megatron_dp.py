@@ -131,7 +131,8 @@ class MegatronGradSync:
     def _reduce(self, i: int, deps: list[Task], stream: Stream = Stream.REDUCE) -> Task:
         job, writer = self.job, self.writer
         numel, d = bucket_numel(job, self._buckets[i]), grad_bytes(job.cfg)
-        scaled = writer.memory_pass("grad_scale", 2 * d * numel, deps)  # grad_data *= 1/dp
+        # grad_data *= 1/dp in place: one read and one write of each element, a copy
+        scaled = writer.memory_pass("grad_scale", d * numel, deps)
         op = (
             CollectiveOp.REDUCE_SCATTER
             if job.cfg.zero_stage is ZeroStage.OPTIMIZER
