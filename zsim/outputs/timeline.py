@@ -21,7 +21,7 @@ COLORS = {
     Category.OPTIMIZER: "#937860",
     Category.TP_COMM: "#DD8452",
     Category.CP_COMM: "#E8A87C",
-    Category.FP8_AMAX: "#DA8BC3",
+    Category.FP8_AMAX: "#64B5CD",
     Category.GRAD_REDUCE: "#C44E52",
     Category.PARAM_GATHER: "#DA8BC3",
     Category.PP_COMM: "#8C8C8C",
