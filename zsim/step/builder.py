@@ -149,12 +149,11 @@ class _Passes:
         concatenated, all-reduced over the stage's ranks (blocking the compute stream), and
         the scales updated (`workload.fp8.amax_bytes`)."""
         job, writer = self.job, self.writer
-        nbytes = amax_bytes(layers, forward)
         if job.cfg.precision is not Precision.FP8 or not job.cfg.models(Mechanism.FP8_AMAX):
             return done
-        if not nbytes:
+        nbytes, category = amax_bytes(layers, forward), Category.FP8_AMAX
+        if not nbytes:  # a chunk without blocks (an embedding or head alone) has no region
             return done
-        category = Category.FP8_AMAX
         if job.cfg.dp_cp * job.cfg.tp > 1:  # TE skips a one-rank group's reduction
             comm = Comm(CollectiveOp.ALL_REDUCE, nbytes, Group.STAGE)
             done = [writer.comm(f"{tag}.amax_reduce", comm, category, done)]
