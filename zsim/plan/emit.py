@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from zsim.workload.cross_entropy import megatron_model
 from zsim.workload.ds_config import to_ds_config
 from zsim.workload.layout import LAYER_AC_EVERY
 from zsim.workload.model import ModelKind, ModelSpec
 from zsim.workload.parallel import (
     DpEngine,
-    PipelineEngine,
     PipelineSchedule,
     Precision,
     Recompute,
@@ -93,8 +93,7 @@ def launch_lines(model: ModelSpec, cfg: Any, nodes: int, gpus_per_node: int) -> 
     )
     if cfg.dp_engine is DpEngine.FSDP:
         return [*head, f"torchrun {rendezvous} train.py --fsdp-config fsdp.json"]
-    megatron = cfg.dp_engine is DpEngine.MEGATRON
-    if (cfg.pp > 1 and cfg.pipeline_engine is PipelineEngine.MEGATRON) or cfg.tp > 1 or megatron:
+    if megatron_model(cfg):
         return [*head, f"torchrun {rendezvous} pretrain_gpt.py \\", *_megatron(model, cfg)]
     # PipelineModule's own default is "parameters": say the split zsim simulated
     split = f" --num-stages {cfg.pp} --partition-method '{cfg.pp_partition}'"

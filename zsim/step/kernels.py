@@ -37,6 +37,7 @@ from zsim.step.tensor_parallel import (
     tp_points,
 )
 from zsim.workload.context_parallel import kv_exchange_bytes
+from zsim.workload.cross_entropy import megatron_model
 from zsim.workload.layout import layer_passes
 from zsim.workload.mechanisms import Mechanism
 from zsim.workload.model import ComputeOp, Layer, OpKind
@@ -391,5 +392,5 @@ def pass_key(c: ParallelConfig) -> tuple[object, ...]:
     """What a layer's pass time depends on (the planner keeps its templates by it)."""
     tensor_parallel = (c.tp, c.sequence_parallel, c.async_tp_allreduce)
     overlap = (c.tp_comm_overlap, c.tp_overlap_sms)
-    kernels = (c.flash_attention, c.attention_kernel, c.elementwise)
+    kernels = (c.flash_attention, c.attention_kernel, c.elementwise, megatron_model(c))  # loss
     return (*tensor_parallel, *overlap, c.micro_batch, c.recompute, *kernels, c.precision, c.cp)

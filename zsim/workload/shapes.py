@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from zsim.workload import context_parallel, eager, fp8
+from zsim.workload.cross_entropy import megatron_loss_bytes, megatron_model
 from zsim.workload.eager import Elementwise
 from zsim.workload.mechanisms import Mechanism
 from zsim.workload.model import (
@@ -41,6 +42,7 @@ class Shard:
     elementwise: Elementwise = Elementwise.FUSED
     cp: int = 1  # context-parallel ranks: this one sees s / cp tokens of each sequence
     fp8: bool = False  # the blocks' linears in FP8 (zsim.workload.fp8)
+    megatron_loss: bool = False  # Megatron's cross-entropy passes (zsim.workload.cross_entropy)
 
     @classmethod
     def of(cls, cfg: ParallelConfig) -> Shard:
@@ -55,6 +57,7 @@ class Shard:
             cfg.elementwise if cfg.models(Mechanism.EAGER_OPS) else Elementwise.FUSED,
             cfg.cp,
             cfg.precision is Precision.FP8,
+            megatron_model(cfg),
         )
 
 
@@ -169,6 +172,7 @@ class _Shapes:
         self.kernel = shard.attention_kernel
         self.fp8 = shard.fp8
         self.elementwise = shard.elementwise
+        self.megatron_loss = shard.megatron_loss
 
     def gemm(
         self, name: str, m: int, n: int, k: int, batch: int = 1, module: str = ""
@@ -212,9 +216,17 @@ class _Shapes:
             self.gemm(
                 "logits", self.tokens, v, h, module="wte" if self.m.tied_embeddings else "lm_head"
             ),
-            # cross-entropy on fp32 logits: softmax reads and writes the vocab-sized tensor
-            ComputeOp("cross_entropy", OpKind.MEMORY, 0.0, 3.0 * self.tokens * v * 4),
+            self.loss(self.tokens * v),
         )
+
+    def loss(self, logits: float) -> ComputeOp:
+        """Cross-entropy over the rank's logits: Megatron's passes (`cross_entropy`), else one
+        softmax pass reading and writing fp32 logits (3 x 4 bytes; its backward 1.5x that)."""
+        op = ComputeOp("cross_entropy", OpKind.MEMORY, 0.0, 3.0 * logits * 4)
+        if not self.megatron_loss:
+            return op
+        (fwd, kernels), (bwd, back) = megatron_loss_bytes(self.d)
+        return replace(op, bytes_moved=fwd * logits, kernels=kernels, grad=(bwd * logits, back))
 
     def block(self, flash: bool) -> tuple[ComputeOp, ...]:
         m, t, tok = self.m, self.tp, self.tokens
