@@ -151,15 +151,17 @@ def test_a_killed_owner_is_cleaned_up_by_the_next_cluster() -> None:
 @needs_root
 def test_the_applied_rate_is_what_a_transfer_gets() -> None:
     """100 Mbit/s set; an 8 MB TCP transfer between two namespaces within 15%. (TCP payload
-    is about 1448/1514 of the frame bytes tbf counts, so expect ~4-5% below the rate.)"""
+    is about 1448/1514 of the frame bytes tbf counts, so expect ~4-5% below the rate.) tc caps
+    the rate and a loaded host can only lower what Python feeds it (CI saw 80 % once on one
+    try), so the best of three meets the cap in each direction; an unapplied cap is far above."""
     rate = 12.5e6
     with EmulatedCluster(nodes=2, ranks_per_node=1, rate_bps=rate) as c:
-        measured = c.measure_rate_bps(0, 1, nbytes=8_000_000)
-        back = c.measure_rate_bps(1, 0, nbytes=4_000_000)
+        there = [c.measure_rate_bps(0, 1, nbytes=8_000_000) for _ in range(3)]
+        back = [c.measure_rate_bps(1, 0, nbytes=4_000_000) for _ in range(3)]
         assert c.emulation is not None
-        assert c.emulation.measured_rate_bps == measured
-    assert measured == pytest.approx(rate, rel=0.15)
-    assert back == pytest.approx(rate, rel=0.15)
+        assert c.emulation.measured_rate_bps == there[-1]
+    assert max(there) == pytest.approx(rate, rel=0.15)
+    assert max(back) == pytest.approx(rate, rel=0.15)
 
 
 @needs_root
