@@ -126,7 +126,7 @@ class _Recorder:
     def __init__(self):
         self.tasks = []
 
-    def compute(self, name, _seconds, _category, deps, stream=Stream.COMPUTE):
+    def compute(self, name, _seconds, _category, deps, stream=Stream.COMPUTE, **_kwargs):
         return self._add(name, stream, 0.0, deps)
 
     def comm(self, name, comm, _category, deps, stream=Stream.COMPUTE):

@@ -22,6 +22,7 @@ from zsim.step.builder import build_program
 from zsim.step.engine import Engine
 from zsim.step.fixed_tp import tp_fixed_time
 from zsim.step.fold import find_fold, fold_result, fold_times, short_config
+from zsim.step.sm_hold import SmHold
 from zsim.step.spans import EngineResult, Fold, FusedPass, Span
 from zsim.step.trace import RankTimes, rank_times, rank_times_and_window
 from zsim.workload.context_parallel import check_model
@@ -143,7 +144,12 @@ def _run(
         build_program(model, parallel, device, s, gloo, tp_time, node) for s in range(parallel.pp)
     ]
     block = _dp_block(parallel, node)
-    engine = Engine(programs, grid, comms, full=full, slowdown=slow, block=block, cp=parallel.cp)
+    sms = None
+    if not gloo and device.sm_count and parallel.models(Mechanism.NCCL_SMS):
+        sms = SmHold(topology, device.sm_count)
+    engine = Engine(
+        programs, grid, comms, full=full, slowdown=slow, block=block, cp=parallel.cp, sms=sms
+    )
     return engine, engine.run()
 
 

@@ -23,28 +23,29 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
-import simpy
-
 from zsim.cluster.device import ADAM_STEP_BYTES_PER_PARAM, DeviceProfile
 from zsim.cluster.fabric import Backend
 from zsim.cluster.grid import RankGrid
 from zsim.cluster.topology import Topology
 from zsim.memory import stage_params
-from zsim.network.collective import CollectiveCall, CollectiveOp
-from zsim.network.communicator import Communicator, simulate_s
+from zsim.network.collective import CollectiveOp
 from zsim.plan.fsdp_terms import FsdpGroups, fsdp_groups, fsdp_terms
+from zsim.plan.lines import CollectiveLines
 from zsim.plan.megatron_terms import amax_s, megatron_terms
 from zsim.plan.pipeline_terms import bubble_s, partitioned_s
 from zsim.plan.qgz_terms import Averaged, qgz_terms
+from zsim.plan.sm_terms import beyond, sm_slow
 from zsim.plan.zero3_terms import GatherSums, zero3_terms
 from zsim.step import fsdp
 from zsim.step.job import StageJob
-from zsim.step.kernels import LayerKernels, pass_key
+from zsim.step.kernels import LayerKernels
 from zsim.step.optimizer import step_passes
 from zsim.step.pipeline import pipe_partitions
 from zsim.step.program import Comm, Group
+from zsim.step.tensor_parallel import pass_key
 from zsim.step.zero_reduce import one_rank_copies_s, reduction_copy_bytes
 from zsim.workload.layout import StageSplit, rank_chunks
+from zsim.workload.mechanisms import Mechanism
 from zsim.workload.model import Layer, ModelSpec
 from zsim.workload.parallel import (
     STAGE0_ALLREDUCE_BUCKET_NUMEL,
@@ -55,8 +56,6 @@ from zsim.workload.parallel import (
     ZeroStage,
 )
 from zsim.workload.shapes import forward_flops
-
-_SIZES = (2.0**27, 2.0**30)  # two large sizes: a collective's closed form is a + b x bytes
 
 
 @dataclass(frozen=True)
@@ -87,10 +86,10 @@ class Estimator:
 
     def __init__(self, model: ModelSpec, topology: Topology, device: DeviceProfile) -> None:
         self.model, self.topology, self.device = model, topology, device
-        self.comms = Communicator(simpy.Environment(), topology)
+        lines = CollectiveLines(topology)
+        self.comms, self.collective_s, self.latency_s = lines.comms, lines.call_s, lines.latency_s
         self.gloo = topology.fabric.backend is Backend.GLOO
         self._passes: dict[tuple[object, ...], tuple[float, float]] = {}
-        self._lines: dict[tuple[object, ...], tuple[float, float]] = {}
         self._pipelines: dict[tuple[object, ...], _Pipeline] = {}
         self._grids: dict[tuple[object, ...], RankGrid] = {}
         self._groups: dict[tuple[object, ...], tuple[int, ...]] = {}
@@ -104,52 +103,6 @@ class Estimator:
         self._averaged: dict[tuple[object, ...], Averaged] = {}  # qgZ, by DP group
 
     # ---- pieces ----
-
-    def collective_s(
-        self,
-        op: CollectiveOp,
-        nbytes: float,
-        group: tuple[int, ...],
-        beside: tuple[tuple[int, ...], ...] = (),
-    ) -> float:
-        """A collective's time as the line through two large sizes: its plan's closed form,
-        or, when the same call on the groups `beside` it (the other TP ranks' data-parallel
-        groups, which run it at the same moment) shares its links, their flows solved
-        together (`simulate_s`), as the simulator's replica groups contend."""
-        if len(group) == 1 or nbytes <= 0:
-            return 0.0
-        key = (op, id(group))  # groups are cached tuples (`_dp_group`, TP and pipeline pairs)
-        if key not in self._lines:
-            rivals = self._rivals(op, group, beside)
-            times = []
-            for size in _SIZES:
-                call = CollectiveCall(op, size, group)
-                if rivals:
-                    together = [call, *(CollectiveCall(op, size, g) for g in rivals)]
-                    times.append(simulate_s(self.topology, together)[0])
-                else:
-                    times.append(self.comms.plan(call).closed_form_s)
-            slope = (times[1] - times[0]) / (_SIZES[1] - _SIZES[0])
-            self._lines[key] = (times[0] - slope * _SIZES[0], slope)
-        intercept, slope = self._lines[key]
-        return intercept + slope * nbytes
-
-    def latency_s(self, op: CollectiveOp, nbytes: float, group: tuple[int, ...]) -> float:
-        """A latency-bound call (FP8's amaxes) by its own plan, not the large sizes' line."""
-        if (op, id(group), nbytes) not in self._lines:
-            closed = self.comms.plan(CollectiveCall(op, nbytes, group)).closed_form_s
-            self._lines[(op, id(group), nbytes)] = (closed, 0.0)
-        return self._lines[(op, id(group), nbytes)][0]
-
-    def _rivals(
-        self, op: CollectiveOp, group: tuple[int, ...], beside: tuple[tuple[int, ...], ...]
-    ) -> list[tuple[int, ...]]:
-        """The groups beside `group` whose flows would share its links (sends: all routed in
-        one batch, as the engine finds its replica sends)."""
-        if op is CollectiveOp.SEND_RECV:
-            pairs = [(g[0], g[1]) for g in beside]
-            return list(self.comms.sharing_pairs((group[0], group[1]), pairs))
-        return [g for g in beside if self.comms.shares_links(op, group, g)]
 
     def layer_pass_s(self, c: ParallelConfig, stage: int, layer: Layer) -> tuple[float, float]:
         """(forward, backward with any replay) of one layer, as the builder fuses them."""
@@ -283,14 +236,15 @@ class Estimator:
         d, n = cfg.precision.bytes, cfg.dp_cp
         padded = -(-params // n) * n
         exposed = sent = 0.0
+        slow = self._sm_slow(cfg, stage, group)
         if n > 1 and cfg.dp_engine is DpEngine.MEGATRON:
             calls = functools.partial(self.collective_s, beside=self._beside[id(group)])
             job, passes = self.job(cfg, stage), (forward, backward)
-            exposed, after, sent = megatron_terms(job, self.device, calls, group, passes)
+            exposed, after, sent = megatron_terms(job, self.device, calls, group, passes, slow)
             shard = params / (cfg.shard_ranks if cfg.zero_stage else 1)  # DDP: every rank all
             return exposed, self._optimizer(cfg, stage, shard) + after, sent
         if n > 1 and cfg.dp_engine is DpEngine.FSDP:
-            exposed, sent = self._fsdp(cfg, group, stage, (forward, backward))
+            exposed, sent = self._fsdp(cfg, group, stage, (forward, backward), slow)
         elif n > 1 and cfg.zero_stage is ZeroStage.PARAMETERS:
             peers = self._beside[id(group)]
 
@@ -303,10 +257,10 @@ class Estimator:
             sizes = (float(params), float(padded))
             gathered, averaged = self._gathered.of(cfg, stage), self._qgz(cfg, group)
             exposed, sent = zero3_terms(
-                cfg, self.device, collective, groups, sizes, gathered, passes, averaged
+                cfg, self.device, collective, groups, sizes, gathered, passes, averaged, slow
             )
         elif n > 1:
-            exposed = self._reduce(cfg, stage, group, params, backward)
+            exposed = self._reduce(cfg, stage, group, params, backward, slow)
             reductions = cfg.grad_accum if cfg.zero_stage is ZeroStage.GRADIENTS else 1
             sent = reductions * 2 * (n - 1) / n * params * d  # all-reduces
         elif cfg.dp_engine is DpEngine.DEEPSPEED:
@@ -320,7 +274,12 @@ class Estimator:
         return exposed, optimizer, sent
 
     def _fsdp(
-        self, cfg: ParallelConfig, group: tuple[int, ...], stage: int, passes: tuple[float, float]
+        self,
+        cfg: ParallelConfig,
+        group: tuple[int, ...],
+        stage: int,
+        passes: tuple[float, float],
+        slow: float,
     ) -> tuple[float, float]:
         """FSDP2's terms (`fsdp_terms`); a hybrid mesh's calls beside every block's, stride's."""
         h = cfg.shard_ranks
@@ -335,7 +294,8 @@ class Estimator:
         def collective(op: CollectiveOp, nbytes: float, members: tuple[int, ...]) -> float:
             return self.collective_s(op, nbytes, members, beside.get(id(members), ()))
 
-        return fsdp_terms(cfg, self.device, collective, (shard, replicas), self._units[key], passes)
+        groups, units = (shard, replicas), self._units[key]
+        return fsdp_terms(cfg, self.device, collective, groups, units, passes, slow)
 
     def _qgz(self, cfg: ParallelConfig, group: tuple[int, ...]) -> Averaged | None:
         """qgZ's averaging of the rank's gradients (data parallelism only: one stage)."""
@@ -369,7 +329,13 @@ class Estimator:
         return self._groups.setdefault(key, group)
 
     def _reduce(
-        self, cfg: ParallelConfig, stage: int, group: tuple[int, ...], params: int, backward: float
+        self,
+        cfg: ParallelConfig,
+        stage: int,
+        group: tuple[int, ...],
+        params: int,
+        backward: float,
+        slow: float,
     ) -> float:
         """ZeRO 0-2's gradient all-reduces, in their buckets, and what they leave exposed."""
         bucket = cfg.knobs.reduce_bucket_size if cfg.zero_stage else STAGE0_ALLREDUCE_BUCKET_NUMEL
@@ -383,9 +349,19 @@ class Estimator:
             self._flops[key] = calls * line + copies
         reduce = self._flops[key]
         every_micro_batch = cfg.zero_stage is ZeroStage.GRADIENTS
-        hidden = backward if cfg.overlap_comm and cfg.zero_stage is not ZeroStage.NONE else 0.0
-        exposed = max(reduce - hidden, reduce / calls)  # the last bucket waits either way
+        beside = cfg.overlap_comm and cfg.zero_stage is not ZeroStage.NONE
+        late = beyond(backward, reduce, slow) if beside else reduce
+        exposed = max(late, reduce / calls)  # the last bucket waits either way
         return exposed * (cfg.grad_accum if every_micro_batch else 1)
+
+    def _sm_slow(self, cfg: ParallelConfig, stage: int, group: tuple[int, ...]) -> float:
+        """A pass beside the data-parallel collectives over alone (`sm_terms`, kept)."""
+        if self.gloo or not cfg.models(Mechanism.NCCL_SMS):
+            return 1.0
+        key = ("sm", id(group), stage, *pass_key(cfg))
+        if key not in self._flops:
+            self._flops[key] = sm_slow(self.topology, self.device, self.job(cfg, stage), group)
+        return self._flops[key]
 
     def _optimizer(self, cfg: ParallelConfig, stage: int, shard: float) -> float:
         device = self.device

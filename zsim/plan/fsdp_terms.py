@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 
 from zsim.cluster.device import DeviceProfile
 from zsim.network.collective import CollectiveOp
+from zsim.plan.sm_terms import beyond
 from zsim.step.fsdp import REDUCE_BYTES, SHARD_BYTES, Unit, padded, param_bytes
 from zsim.step.fsdp import resharded_after_forward as resharded
 from zsim.workload.parallel import ParallelConfig
@@ -57,8 +58,10 @@ def fsdp_terms(
     groups: tuple[Group, Group],
     units: Sequence[Unit],
     passes: tuple[float, float],
+    slow: float = 1.0,
 ) -> tuple[float, float]:
-    """(exposed seconds, bytes one GPU sends) of a step's FSDP collectives and copies:
+    """(exposed seconds, bytes one GPU sends) of a step's FSDP collectives and copies (`slow`:
+    a pass beside them over alone, `sm_terms`):
     `groups` the shard group and the replica group (a hybrid mesh's; else the shard group
     alone), `units` the rank's (`zsim.step.fsdp.units`), `passes` a micro-step's forward and
     backward."""
@@ -85,11 +88,11 @@ def fsdp_terms(
     moved = sum(size.values()) * b + sum(size[u.index] for u in again) * b
     moved += sum(size.values()) * (b + REDUCE_BYTES) / 2  # the gradients' copy-in
     copies = device.copy_time_s(moved, dtype)
-    first = ahead[0] + max(0.0, sum(ahead[1:]) - forward) if ahead else 0.0
+    first = ahead[0] + beyond(forward, sum(ahead[1:]), slow) if ahead else 0.0
     network = sum(behind[1:]) + scatters
     tail = sum(reductions[-1]) if reductions else 0.0
     late = max(network, reduces) if hybrid else network
-    last = (behind[0] if behind else 0.0) + max(late - backward, tail)
+    last = (behind[0] if behind else 0.0) + max(beyond(backward, late, slow), tail)
     exposed = cfg.grad_accum * (first + last + copies)
     ring = (n - 1) / n
     sent = (sum(size.values()) + sum(size[u.index] for u in again)) * b * ring

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from zsim.cluster.device import DeviceProfile
 from zsim.cluster.grid import RankGrid
 from zsim.network.collective import CollectiveOp, bus_bandwidth_factor
+from zsim.plan.sm_terms import beyond
 from zsim.step.job import StageJob
 from zsim.step.megatron_dp import bucket_numel, buckets, grad_bytes
 from zsim.workload.fp8 import AMAX_KERNELS, amax_bytes
@@ -32,9 +33,11 @@ def megatron_terms(
     collective: Collective,
     group: tuple[int, ...],
     passes: tuple[float, float],
+    slow: float = 1.0,
 ) -> tuple[float, float, float]:
     """(exposed reduction and gather wait, gathers after the optimizer step, bytes sent) of one
-    rank; `passes`: its forward and backward of one micro-batch."""
+    rank; `passes`: its forward and backward of one micro-batch; `slow`: a pass beside the
+    collectives over alone (`sm_terms`)."""
     cfg, (forward, backward) = job.cfg, passes
     n, d, e = len(group), grad_bytes(cfg), job.element_bytes
     sizes = [bucket_numel(job, b) for b in buckets(job)]
@@ -43,13 +46,13 @@ def megatron_terms(
     scale = [device.copy_time_s(d * s, job.dtype) for s in sizes]  # as megatron_dp scales
     calls = [t + collective(op, s * d, group) for t, s in zip(scale, sizes, strict=True)]
     total = sum(calls)
-    exposed = max(total - backward, calls[-1]) if cfg.overlap_comm else total
+    exposed = max(beyond(backward, total, slow), calls[-1]) if cfg.overlap_comm else total
     sent = sum(bus_bandwidth_factor(op, n) * s * d for s in sizes)
     after = 0.0
     if sharded:
         gathers = [collective(CollectiveOp.ALL_GATHER, s * e, group) for s in sizes]
         if cfg.overlap_param_gather:
-            exposed += max(sum(gathers) - forward, gathers[0])
+            exposed += max(beyond(forward, sum(gathers), slow), gathers[0])
         else:
             after = sum(gathers)
         sent += sum((n - 1) / n * s * e for s in sizes)

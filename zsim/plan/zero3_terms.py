@@ -16,12 +16,14 @@ rate.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from zsim.cluster.device import DeviceProfile
 from zsim.network.collective import CollectiveOp
+from zsim.plan.sm_terms import beyond
 from zsim.step.zero3 import module_trace, quantizer_groups, replay
 from zsim.workload.layout import rank_chunks
 from zsim.workload.model import ModelSpec
@@ -50,6 +52,7 @@ def zero3_terms(
     gathered: Gathered,
     passes: tuple[float, float],
     averaged: tuple[float, float, float] | None = None,
+    slow: float = 1.0,
 ) -> tuple[float, float]:
     """(exposed seconds, bytes one GPU sends) of a step's ZeRO-3 collectives: `groups` are the
     data-parallel group and the one later gathers use (itself without hpZ); `sizes` the rank's
@@ -57,15 +60,14 @@ def zero3_terms(
     micro-step's forward and backward gather (DeepSpeed's coordinator, replayed: a model
     within `stage3_max_reuse_distance` stays gathered into its backward); `passes` a
     micro-step's forward and backward; `averaged` the (seconds, bytes sent, seconds across
-    the nodes) of a micro-step's gradient averaging where it is not the reduce-scatters
-    (qgZ: `zsim.plan.qgz_terms`)."""
+    the nodes) of a micro-step's averaging where not the reduce-scatters (qgZ: `qgz_terms`);
+    `slow` a pass beside the collectives over alone (`sm_terms`)."""
     (forward, backward), (params, padded), ahead = passes, sizes, gathered.forward
     d, m = cfg.precision.bytes, cfg.grad_accum
     dtype, quantized = str(cfg.precision), cfg.knobs.quantized_weights
     everyone, later = groups
 
-    def gather(group: tuple[int, ...], numel: float) -> float:
-        return _gather_s(cfg, device, collective_s, group, numel)
+    gather = functools.partial(_gather_s, cfg, device, collective_s)  # (group, numel)
 
     def waited(
         group: tuple[int, ...], calls: tuple[float, ...], total: float
@@ -94,9 +96,9 @@ def zero3_terms(
     buckets = max(1, math.ceil(params / cfg.knobs.reduce_bucket_size))
     shared = across if later is everyone else 0.0  # on the gathers' links (hpZ: inside nodes)
     ends = _backward_comm_end(cfg, backward, (back_s, scatter, shared), params)
-    tail = back_wait + max(ends - backward, scatter / buckets)
-    first = first_wait + max(0.0, first_s - forward)
-    exposed = first + tail + (m - 1) * (again_wait + max(0.0, again_s - forward) + tail)
+    tail = back_wait + max(beyond(backward, ends, slow), scatter / buckets)
+    first = first_wait + beyond(forward, first_s, slow)
+    exposed = first + tail + (m - 1) * (again_wait + beyond(forward, again_s, slow) + tail)
     if quantized:  # each gather's dequantize, on the compute stream
         exposed += m * device.copy_time_s(1.5 * (ahead + behind), dtype)
     sent = first_b + (m - 1) * again_b + m * (back_b + scattered)

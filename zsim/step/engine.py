@@ -26,6 +26,7 @@ from zsim.step.groups import RankGroups
 from zsim.step.handover import Tally, replay, resume
 from zsim.step.prefix import Prefix, time_prefix
 from zsim.step.program import Comm, Group, Part, Program, Stream, Task
+from zsim.step.sm_hold import SmHold
 from zsim.step.spans import EngineResult, FusedPass, Span, TaskBlock
 from zsim.step.traffic import Traffic
 
@@ -49,10 +50,14 @@ class Engine(RankGroups):
         slowdown: Mapping[int, float] | None = None,
         block: int = 1,
         cp: int = 1,
+        sms: SmHold | None = None,
     ) -> None:
         super().__init__(grid, comms, full, block, cp)
         self.env = comms.env
         self.slowdown = dict(slowdown or {})  # rank -> factor on its kernels (a straggler)
+        self.sms = sms  # NCCL's kernels hold SMs (`step.sm_hold`); None: not modelled
+        self.held: dict[int, int] = {}  # rank -> SMs its running collectives hold
+        self._sm_change: dict[int, simpy.Event] = {}  # rank -> fires when `held` changes
         self.v = virtual_stages
         self.spans: list[Span] = []
         self.passes: list[FusedPass] = []
@@ -139,9 +144,13 @@ class Engine(RankGroups):
                 yield waiting[0] if len(waiting) == 1 else self.env.all_of(waiting)
             start = self.env.now
             if task.comm is None:
-                yield self.env.timeout(task.duration_s * self.kernel_factor(rank, task.stream))
+                seconds = task.duration_s * self.kernel_factor(rank, task.stream)
+                yield from self.run_compute(rank, task.sm_share, seconds)
             else:
+                ctas = self.holds(rank, task)
+                self.hold(rank, ctas)
                 value = yield self.communicate(rank, task)
+                self.hold(rank, -ctas)
                 if task.comm.op is not CollectiveOp.SEND_RECV:
                     start = value  # its launch: waiting for the group's other members is idle
             if task.parts:
@@ -149,6 +158,41 @@ class Engine(RankGroups):
             else:
                 self.record(rank, task, start, self.env.now)
             self.finish(rank, task)
+
+    def run_compute(
+        self, rank: int, sm_share: float, seconds: float
+    ) -> Generator[simpy.Event, Any, None]:
+        """A compute task of `seconds` alone, its SM-bound share slower while collectives
+        hold SMs (`step.sm_hold`): it progresses at the rate of the moment, re-timed at each
+        change."""
+        if self.sms is None or sm_share <= 0.0:
+            yield self.env.timeout(seconds)
+            return
+        left = seconds
+        while left > 0.0:
+            rate = self.sms.rate(self.held.get(rank, 0), sm_share)
+            change = self._sm_change.get(rank)
+            if change is None:
+                change = self._sm_change[rank] = self.env.event()
+            began, done = self.env.now, self.env.timeout(left / rate)
+            yield done | change
+            left = 0.0 if done.processed else left - (self.env.now - began) * rate
+
+    def holds(self, rank: int, task: Task) -> int:
+        """The SMs a collective task of `rank` holds while it runs."""
+        comm = task.comm
+        if self.sms is None or comm is None:
+            return 0
+        return self.sms.ctas(comm, task.stream, self.group_of(rank, comm.group))
+
+    def hold(self, rank: int, ctas: int) -> None:
+        """`rank`'s collectives take (or give back) `ctas` SMs: its compute re-times."""
+        if not ctas:
+            return
+        self.held[rank] = self.held.get(rank, 0) + ctas
+        change = self._sm_change.pop(rank, None)
+        if change is not None:
+            change.succeed()
 
     def kernel_factor(self, rank: int, stream: Stream) -> float:
         """How much slower `rank` runs tasks of `stream` than the profile says: a straggler's
@@ -162,7 +206,7 @@ class Engine(RankGroups):
         traffic tallied."""
         self.tally.add_pass(rank, task.parts)
         self.task_start[rank][task.index] = start
-        self.task_end[rank][task.index] = start + task.duration_s
+        self.task_end[rank][task.index] = self.env.now  # later than its parts' where slowed
         self.passes.append(FusedPass.of(rank, task, start))
 
     def pass_calls(self, rank: int, parts: tuple[Part, ...]) -> list[tuple[CollectiveCall, int]]:

@@ -40,6 +40,9 @@ class Engine(fixed.Engine, Protocol):
     def book_send(self, rank: int, task: Task, times: int = 1) -> None: ...
     def deliver(self, rank: int, tag: str, sent_at: float) -> None: ...
     def finish(self, rank: int, task: Task) -> None: ...
+    def run_compute(
+        self, rank: int, sm_share: float, seconds: float
+    ) -> Generator[simpy.Event, Any, None]: ...
 
 
 def replay(engine: Engine, prefix: Prefix) -> dict[Key, simpy.Event]:
@@ -106,7 +109,10 @@ def _replay_rank(
         if sends[index]:
             running[(rank, index)] = in_flight(engine, rank, task, prefix)
         elif not task.receives:  # a receive still waiting is the event loop's (`receive`)
-            running[(rank, index)] = engine.env.timeout(ends[index] - engine.env.now)
+            left = ends[index] - engine.env.now  # re-timed if collectives take SMs from now
+            running[(rank, index)] = engine.env.process(
+                engine.run_compute(rank, task.sm_share, left)
+            )
     return TaskBlock(
         rank, tasks, columns, spans, starts[spans], ends[spans], passes, starts[passes]
     )

@@ -37,11 +37,10 @@ from zsim.step.tensor_parallel import (
     tp_points,
 )
 from zsim.workload.context_parallel import kv_exchange_bytes
-from zsim.workload.cross_entropy import megatron_model
 from zsim.workload.layout import layer_passes
 from zsim.workload.mechanisms import Mechanism
 from zsim.workload.model import ComputeOp, Layer, OpKind
-from zsim.workload.parallel import ParallelConfig, Precision
+from zsim.workload.parallel import Precision
 from zsim.workload.te_overlap import gemm_slowdown
 
 H = TypeVar("H")
@@ -77,6 +76,12 @@ class LayerKernels:
             device, dtype = self.job.device, self.job.dtype
             self._seconds[key] = sum(device.op_time_s(op, dtype) for op in ops)
         return self._seconds[key]
+
+    def sm_share(self, ops: Sequence[ComputeOp]) -> float:
+        """Of the ops' time, the SM-bound kernels' (GEMMs, attention; `Task.sm_share`)."""
+        total = self.op_seconds(ops)
+        on_sms = [op for op in ops if op.kind in (OpKind.GEMM, OpKind.ATTENTION)]
+        return self.op_seconds(on_sms) / total if total > 0 else 0.0
 
     def measured(self, layer: Layer) -> LayerTime | None:
         """The calibrated times of `layer` at the job's shape, if the profile has them (its
@@ -277,14 +282,15 @@ class _TpCollectives(Generic[H]):
 
     def flush(self) -> None:
         if self.segment:
-            seconds = self._seconds(self.segment)
+            seconds, share = self._seconds(self.segment), self.kernels.sm_share(self.segment)
             name = f"{self.tag}.{self.segment[0].name}"
-            self.last = [self.emit.compute(name, seconds, self.category, self.last)]
+            self.last = [self.emit.compute(name, seconds, self.category, self.last, sm_share=share)]
             self.segment = []
 
     def _gemm(self, op: ComputeOp, share: float, deps: list[H], part: str) -> H:
         seconds = share * self._seconds([op])
-        return self.emit.compute(f"{self.tag}.{op.name}{part}", seconds, self.category, deps)
+        name = f"{self.tag}.{op.name}{part}"
+        return self.emit.compute(name, seconds, self.category, deps, sm_share=1.0)
 
     def _comm(
         self, op: CollectiveOp, share: float, deps: list[H], stream: Stream, nbytes: float = 0.0
@@ -367,7 +373,8 @@ class _TpCollectives(Generic[H]):
         elif carried:
             home = self._cp_comm(deps, self.kv_bytes)
         seconds = self._seconds([op])
-        step = self.emit.compute(f"{self.tag}.{op.name}", seconds, self.category, deps)
+        name = f"{self.tag}.{op.name}"
+        step = self.emit.compute(name, seconds, self.category, deps, sm_share=1.0)
         self.kv = ahead
         self.last = [step] if home is None else [step, home]
 
@@ -386,11 +393,3 @@ class _TpCollectives(Generic[H]):
         rest = self._gemm(op, 1 - share, [first], ".chunks")
         early = self._comm(kind, 1 - share, [first], Stream.TP)
         self.last = [self._comm(kind, share, [rest, early], Stream.TP)]
-
-
-def pass_key(c: ParallelConfig) -> tuple[object, ...]:
-    """What a layer's pass time depends on (the planner keeps its templates by it)."""
-    tensor_parallel = (c.tp, c.sequence_parallel, c.async_tp_allreduce)
-    overlap = (c.tp_comm_overlap, c.tp_overlap_sms)
-    kernels = (c.flash_attention, c.attention_kernel, c.elementwise, megatron_model(c))  # loss
-    return (*tensor_parallel, *overlap, c.micro_batch, c.recompute, *kernels, c.precision, c.cp)

@@ -88,6 +88,7 @@ class Part(NamedTuple):
     start_s: float
     duration_s: float
     comm: Comm | None = None
+    sm_share: float = 0.0  # of its time, what runs on the SMs (GEMMs, attention: `Task`)
 
 
 @dataclass(eq=False, slots=True)
@@ -102,6 +103,9 @@ class Task:
     index: int = 0
     parts: tuple[Part, ...] = ()  # set when consecutive fixed-time tasks were fused
     micro_batch: int = -1  # the micro-batch whose pipeline work issued it (-1: the step's)
+    # of a compute task's time, the share its SM-bound kernels take (GEMMs, attention): the
+    # part that slows while an NCCL kernel holds SMs (`step.sm_hold`); bandwidth-bound ones not
+    sm_share: float = 0.0
 
     def __repr__(self) -> str:
         return f"Task({self.index}:{self.name})"
@@ -206,6 +210,7 @@ class Emitter(Protocol[H]):
         category: Category,
         deps: Sequence[H],
         stream: Stream = Stream.COMPUTE,
+        sm_share: float = 0.0,
     ) -> H: ...
 
     def comm(
@@ -233,12 +238,13 @@ class PartTimer:
         category: Category,
         deps: Sequence[float],
         stream: Stream = Stream.COMPUTE,
+        sm_share: float = 0.0,
         comm: Comm | None = None,
     ) -> float:
         start = max([self.free.get(stream, 0.0), *deps])
         self.free[stream] = start + seconds
         if seconds > 0:
-            self.parts.append(Part(name, category, stream, start, seconds, comm))
+            self.parts.append(Part(name, category, stream, start, seconds, comm, sm_share))
         return start + seconds
 
     def comm(
@@ -249,7 +255,7 @@ class PartTimer:
         deps: Sequence[float],
         stream: Stream = Stream.COMPUTE,
     ) -> float:
-        return self.compute(name, self.comm_time(comm), category, deps, stream, comm)
+        return self.compute(name, self.comm_time(comm), category, deps, stream, comm=comm)
 
 
 class ProgramWriter:
@@ -276,8 +282,10 @@ class ProgramWriter:
         category: Category,
         deps: Sequence[Task],
         stream: Stream = Stream.COMPUTE,
+        sm_share: float = 0.0,
     ) -> Task:
-        return self.program.add(Task(name, stream, category, seconds, deps=list(deps)))
+        task = Task(name, stream, category, seconds, deps=list(deps), sm_share=sm_share)
+        return self.program.add(task)
 
     def comm(
         self,
@@ -299,8 +307,11 @@ class ProgramWriter:
         seconds: float,
         deps: list[Task],
     ) -> Task:
-        """A pass of fixed-time work as one task: its parts keep their own timing."""
-        task = Task(name, Stream.COMPUTE, category, seconds, deps=deps, parts=parts)
+        """A pass of fixed-time work as one task: its parts keep their own timing; its SM
+        share is its kernels' over the pass."""
+        on_sms = sum(p.duration_s * p.sm_share for p in parts)
+        share = on_sms / seconds if seconds > 0 else 0.0
+        task = Task(name, Stream.COMPUTE, category, seconds, deps=deps, parts=parts, sm_share=share)
         return self.program.add(task)
 
     def memory_pass(

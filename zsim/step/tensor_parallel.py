@@ -28,6 +28,7 @@ The SMs TE's kernels take from the GEMMs beside them: `zsim.workload.te_overlap`
 from __future__ import annotations
 
 from zsim.network.collective import CollectiveOp
+from zsim.workload.cross_entropy import megatron_model
 from zsim.workload.model import ModelSpec
 from zsim.workload.parallel import ParallelConfig
 
@@ -100,3 +101,11 @@ def regathered(cfg: ParallelConfig, forward: bool) -> frozenset[str]:
     if forward or cfg.tp == 1 or not cfg.sequence_parallel:
         return frozenset()
     return frozenset({"qkv_dgrad", "fc1_dgrad", "logits_dgrad"})
+
+
+def pass_key(c: ParallelConfig) -> tuple[object, ...]:
+    """What a layer's pass time depends on (the planner keeps its templates by it)."""
+    tensor_parallel = (c.tp, c.sequence_parallel, c.async_tp_allreduce)
+    overlap = (c.tp_comm_overlap, c.tp_overlap_sms)
+    kernels = (c.flash_attention, c.attention_kernel, c.elementwise, megatron_model(c))  # loss
+    return (*tensor_parallel, *overlap, c.micro_batch, c.recompute, *kernels, c.precision, c.cp)

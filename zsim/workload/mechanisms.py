@@ -26,6 +26,7 @@ class Mechanism(StrEnum):
     EAGER_OPS = "eager-ops"
     FP8_AMAX = "fp8-amax"
     SEND_QUEUE = "send-queue"
+    NCCL_SMS = "nccl-sms"
 
 
 MECHANISMS: dict[Mechanism, str] = {
@@ -60,6 +61,9 @@ MECHANISMS: dict[Mechanism, str] = {
     Mechanism.SEND_QUEUE: "a pipeline send waits for what was queued before it on the compute "
     "stream: Megatron-Core's grad scaling in the last micro-batch's backward (off: for the "
     "pass's own kernels only)",
+    Mechanism.NCCL_SMS: "NCCL's data-parallel collectives hold an SM per channel while they "
+    "run; GEMMs and attention beside them run on the SMs left, zsim.step.sm_hold (off: every "
+    "SM)",
 }
 
 
