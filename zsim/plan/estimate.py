@@ -355,12 +355,15 @@ class Estimator:
         return exposed * (cfg.grad_accum if every_micro_batch else 1)
 
     def _sm_slow(self, cfg: ParallelConfig, stage: int, group: tuple[int, ...]) -> float:
-        """A pass beside the data-parallel collectives over alone (`sm_terms`, kept)."""
+        """A pass beside the data-parallel collectives over alone (`sm_terms`): a block's SM
+        share (stage 0's: blocks are alike) on the SMs the group's channels leave; kept."""
         if self.gloo or not cfg.models(Mechanism.NCCL_SMS):
             return 1.0
-        key = ("sm", id(group), stage, *pass_key(cfg))
+        del stage
+        shape = (cfg.tp, cfg.cp, cfg.sequence_parallel, cfg.micro_batch, cfg.precision)
+        key = ("sm", id(group), *shape, cfg.flash_attention, cfg.attention_kernel, cfg.elementwise)
         if key not in self._flops:
-            self._flops[key] = sm_slow(self.topology, self.device, self.job(cfg, stage), group)
+            self._flops[key] = sm_slow(self.topology, self.device, self.job(cfg, 0), group)
         return self._flops[key]
 
     def _optimizer(self, cfg: ParallelConfig, stage: int, shard: float) -> float:
