@@ -54,11 +54,12 @@ def kernels(row: dict[str, str], fw: str) -> dict[str, Any]:
     return {"flash_attention": flash(fw), "elementwise": elementwise(row, fw)}
 
 
-# TransformerEngine's SM margins under --tp-comm-overlap (zsim.workload.te_overlap), as each
-# source ran: TE 1.x (Megatron-Core's 2024 README runs, NeMo 24.05 / 24.09) leaves the margin
-# off unless a config sets it; NeMo's GPT-3 175B recipe in NVIDIA/dgxc-benchmarking
-# (nemo_megatron/gpt3_175b_hydra.yaml at 35a9aec, `ub_tp_comm_overlap_cfg`) sets it for its
-# pipelined proj_fprop (24 SMs) and fc2_fprop (20), not for its bulk layers (4, 8, 2, 4 SMs).
+# The SMs TransformerEngine's comm kernels take under --tp-comm-overlap (zsim.workload.
+# te_overlap), as each source ran: TE 1.x's defaults (Megatron-Core's 2024 README runs, NeMo
+# 24.05 / 24.09: 16 a pipeline or bulk kernel, the margin off, the same SMs held); NeMo's
+# GPT-3 175B recipe in NVIDIA/dgxc-benchmarking (nemo_megatron/gpt3_175b_hydra.yaml at
+# 35a9aec, `ub_tp_comm_overlap_cfg`) gives its pipelined proj_fprop 24 SMs and fc2_fprop 20,
+# its bulk layers 4, 8, 2 and 4.
 DGXC_GPT3_UB_CFGS = {
     "qkv_dgrad": {"method": "bulk", "num_sm": 4, "set_sm_margin": 0},
     "qkv_wgrad": {"method": "bulk", "num_sm": 8, "set_sm_margin": 0},
@@ -73,8 +74,8 @@ def tp_overlap_sms(row: dict[str, str], assumed: list[str]) -> SmMargins:
     """The SMs TE took from each overlapped GEMM in the row's run."""
     if row["source_id"] == "nvidia_dgxc_benchmarking" and "GPT-3" in row["model_name"]:
         return from_ub_cfgs(DGXC_GPT3_UB_CFGS)
-    assumed.append("TE 1.x userbuffers: no SM margin")
-    return ()
+    assumed.append("TE 1.x userbuffers' defaults (16 SMs a pipeline or bulk kernel)")
+    return from_ub_cfgs({})
 
 
 def block_params(model: ModelSpec, tp: int) -> int:

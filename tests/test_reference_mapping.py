@@ -110,15 +110,24 @@ def test_an_a100_of_unstated_memory_is_the_card_its_sources_date_allows(row_id, 
 
 
 def test_tp_overlap_sms_are_the_runs_own():
-    # NeMo 24.05's GPT-3 175B recipe (dgxc-benchmarking gpt3_175b_hydra.yaml): set_sm_margin
-    # on for proj_fprop (24 SMs) and fc2_fprop (20), off for its bulk layers
+    # NeMo 24.05's GPT-3 175B recipe (dgxc-benchmarking gpt3_175b_hydra.yaml): num_sm 24 for
+    # proj_fprop and 20 for fc2_fprop (margin on), 4, 8, 2 and 4 for its bulk layers (off)
     nemo = map_row(_megatron_row("training_megatron_3d_parallel-067"), FILES["megatron"])
     assert nemo.parallel.tp_comm_overlap
-    assert dict(nemo.parallel.tp_overlap_sms) == {"proj_fprop": 24, "fc2_fprop": 20}
-    # Megatron-Core's 2024 README runs, on TE 1.x: the margin off by default
+    assert dict(nemo.parallel.tp_overlap_sms) == {
+        "proj_fprop": 24,
+        "fc2_fprop": 20,
+        "qkv_dgrad": 4,
+        "qkv_wgrad": 8,
+        "fc1_dgrad": 2,
+        "fc1_wgrad": 4,
+    }
+    # Megatron-Core's 2024 README runs, on TE 1.x: its defaults, 16 a pipeline or bulk kernel
     mcore = map_row(_megatron_row("training_megatron_3d_parallel-055"), FILES["megatron"])
     assert mcore.parallel.tp_comm_overlap
-    assert mcore.parallel.tp_overlap_sms == ()
+    assert dict(mcore.parallel.tp_overlap_sms) == dict.fromkeys(
+        ("proj_fprop", "fc2_fprop", "qkv_dgrad", "qkv_wgrad", "fc1_dgrad", "fc1_wgrad"), 16
+    )
 
 
 def test_an_unstated_precision_is_what_the_source_says_of_its_tests_then():

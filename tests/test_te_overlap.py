@@ -1,7 +1,8 @@
-"""TransformerEngine's SM margins under --tp-comm-overlap, against its source: `initialize_ub`'s
-defaults (transformer_engine/pytorch/module/base.py, TE >= 2.0: "num_sm" 1 for ring_exchange
-layers and 16 otherwise, "set_sm_margin" on except for ring_exchange) and the GEMM launched on
-`sm_count - num_sm` SMs where the margin is on (comm_gemm_overlap.cpp `_math_sms`)."""
+"""TransformerEngine's SMs under --tp-comm-overlap, against its source: `initialize_ub`'s
+defaults (transformer_engine/pytorch/module/base.py: "num_sm" 1 for ring_exchange layers and 16
+otherwise, "use_ce" on), the GEMM launched on `sm_count - num_sm` SMs where the margin is on
+(comm_gemm_overlap.cpp `_math_sms`), the comm kernel's num_sm CTAs of 1,024 threads holding
+theirs where it is off (userbuffers.cu `SETUP_LAUNCH_CONFIG`)."""
 
 import json
 from dataclasses import replace
@@ -32,8 +33,9 @@ def test_te_defaults_reserve_16_sms_for_its_pipeline_and_bulk_layers():
     assert dict(TE_DEFAULT_SMS) == dict.fromkeys(pipeline + bulk, 16)
 
 
-def test_a_config_file_sets_margins_where_set_sm_margin_is_on():
-    # NVIDIA/dgxc-benchmarking nemo_megatron/gpt3_175b_hydra.yaml, ub_tp_comm_overlap_cfg
+def test_a_config_file_sets_each_comm_kernels_sms_margin_or_not():
+    # NVIDIA/dgxc-benchmarking nemo_megatron/gpt3_175b_hydra.yaml, ub_tp_comm_overlap_cfg: a
+    # kernel of num_sm CTAs of 1,024 threads holds its SMs whether or not TE tells cuBLAS
     ub = {
         "qkv_dgrad": {"method": "bulk", "num_sm": 4, "set_sm_margin": 0},
         "proj_fprop": {"method": "pipeline", "num_sm": 24, "set_sm_margin": 1},
@@ -42,9 +44,20 @@ def test_a_config_file_sets_margins_where_set_sm_margin_is_on():
         "qkv_wgrad": {"method": "bulk", "num_sm": 8, "set_sm_margin": 0},
         "fc1_wgrad": {"method": "bulk", "num_sm": 4, "set_sm_margin": 0},
     }
-    assert dict(from_ub_cfgs(ub)) == {"proj_fprop": 24, "fc2_fprop": 20}
+    assert dict(from_ub_cfgs(ub)) == {
+        "proj_fprop": 24,
+        "fc2_fprop": 20,
+        "qkv_dgrad": 4,
+        "qkv_wgrad": 8,
+        "fc1_dgrad": 2,
+        "fc1_wgrad": 4,
+    }
     # a layer it leaves out keeps TE's default
     assert dict(from_ub_cfgs({"qkv_dgrad": {"set_sm_margin": 0}}))["fc1_wgrad"] == 16
+    # a ring exchange sends through the copy engines (use_ce, TE's default): no SMs; without
+    # them its kernel's num_sm
+    assert "qkv_fprop" not in dict(from_ub_cfgs({}))
+    assert dict(from_ub_cfgs({"qkv_fprop": {"use_ce": False}}))["qkv_fprop"] == 1
 
 
 @pytest.mark.parametrize(

@@ -52,7 +52,7 @@ MECHANISMS: dict[Mechanism, str] = {
     Mechanism.ENGINE_HOST: "DeepSpeed's own host time per engine call on CPU ranks, measured "
     "by zsim calibrate (off: none)",
     Mechanism.TE_SM_MARGINS: "TransformerEngine's --tp-comm-overlap GEMMs on the SMs its "
-    "communication kernels leave them (set_sm_margin; off: every SM)",
+    "communication kernels leave them (num_sm, margin set or not; off: every SM)",
     Mechanism.EAGER_OPS: "a block's norms, RoPE and activation one kernel per PyTorch op where "
     "the job runs them eagerly, zsim.workload.eager (off: fused kernels)",
     Mechanism.FP8_AMAX: "TransformerEngine's delayed-scaling amax reductions: a blocking "

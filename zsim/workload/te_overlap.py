@@ -1,13 +1,19 @@
 """TransformerEngine's userbuffers under Megatron-Core's --tp-comm-overlap: the SMs its
 communication kernels take from the GEMM they overlap.
 
-TE launches an overlapped GEMM on `sm_count - num_sm` SMs where the layer's `set_sm_margin`
-is on (`_math_sms` in `common/comm_gemm_overlap/comm_gemm_overlap.cpp`, NVIDIA/
-TransformerEngine d0067d0; `pytorch/csrc/comm_gemm_overlap.h` in 1.x), leaving `num_sm` to
-the reduce-scatter or all-gather kernel beside it. Its defaults (`initialize_ub`'s
-`get_default_config`): "pipeline" and "bulk" layers `num_sm` 16 with the margin on since
-TE 2.0 (544dd14, 2025-02), off in 1.x (`set_sm_margin` False: the kernels share the GEMM's
-SMs instead, not modelled); "ring_exchange" layers 1 SM, margin off. A Megatron
+A "pipeline" or "bulk" layer's reduce-scatter or all-gather is a userbuffers kernel of
+`num_sm` CTAs of 1,024 threads (`SETUP_LAUNCH_CONFIG(sms, warps * 32, ...)` in
+`common/comm_gemm_overlap/userbuffers/userbuffers.cu`, `comm->threads = 1024` in
+`userbuffers-host.cpp`, NVIDIA/TransformerEngine d0067d0), launched beside the GEMM it hides
+in and running about as long. Where the layer's `set_sm_margin` is on, TE launches the GEMM on
+`sm_count - num_sm` SMs (`_math_sms` in `comm_gemm_overlap.cpp`; `pytorch/csrc/
+comm_gemm_overlap.h` in 1.x); where it is off (TE 1.x's default), the GEMM is launched on
+every SM but the comm kernel's CTAs hold theirs while it runs (a CTA of 1,024 threads leaves
+no room on its SM for a GEMM CTA's registers): zsim charges both alike, the GEMM on
+`sm_count - num_sm` SMs. A "ring_exchange" layer's sends go through the copy engines
+(`use_ce`, true by default): no SMs, unless a config turns `use_ce` off (then `num_sm`).
+Defaults (`initialize_ub`'s `get_default_config`): `num_sm` 16 for "pipeline" and "bulk", 1
+for "ring_exchange"; the margin on since TE 2.0 (544dd14, 2025-02), off in 1.x. A Megatron
 `--tp-comm-overlap-cfg` file (TE's `ub_cfgs`) sets them per layer.
 """
 
@@ -55,10 +61,11 @@ def parse_sms(value: Any) -> SmMargins:
 
 
 def from_ub_cfgs(ub_cfgs: Mapping[str, Any] | None) -> SmMargins:
-    """The margins a TE `ub_cfgs` mapping (Megatron's --tp-comm-overlap-cfg) gives: each
-    layer's config is TE's default updated with the mapping's keys (as `initialize_ub` does),
-    its margin `num_sm` where `set_sm_margin` is on. zsim models TE's default method of each
-    layer (and the pipeline's 4 splits): a config that changes them is refused."""
+    """The SMs each layer's comm kernel takes from its GEMM under a TE `ub_cfgs` mapping
+    (Megatron's --tp-comm-overlap-cfg): each layer's config is TE's default updated with the
+    mapping's keys (as `initialize_ub` does); `num_sm`, margin or not, but none for a ring
+    exchange through the copy engines. zsim models TE's default method of each layer (and
+    the pipeline's 4 splits): a config that changes them is refused."""
     ub_cfgs = {} if ub_cfgs is None else ub_cfgs
     field = "tp_comm_overlap_cfg"
     require(isinstance(ub_cfgs, Mapping), field, ub_cfgs, "a mapping by layer")
@@ -75,16 +82,18 @@ def from_ub_cfgs(ub_cfgs: Mapping[str, Any] | None) -> SmMargins:
             splits = given.get("num_splits", 4)
             require(splits == 4, f"{where}.num_splits", splits, "4 (TE's default, modelled)")
         ring = method == "ring_exchange"
-        cfg = {"num_sm": 1 if ring else 16, "set_sm_margin": not ring} | given
-        on, sms = cfg["set_sm_margin"], cfg["num_sm"]
+        cfg = {"num_sm": 1 if ring else 16, "set_sm_margin": not ring, "use_ce": True} | given
+        on, sms, ce = cfg["set_sm_margin"], cfg["num_sm"], cfg["use_ce"]
         require(on in (True, False, 0, 1), f"{where}.set_sm_margin", on, "true or false (1 or 0)")
+        require(ce in (True, False, 0, 1), f"{where}.use_ce", ce, "true or false (1 or 0)")
         require(is_whole(sms), f"{where}.num_sm", sms, "a non-negative whole number of SMs")
-        margins[layer] = sms if on else 0
+        margins[layer] = 0 if ring and ce else sms
     return parse_sms(margins)
 
 
 TE_DEFAULT_SMS = from_ub_cfgs({})
-"""TE >= 2.0's margins: 16 SMs for its "pipeline" (proj_fprop, fc2_fprop) and "bulk" layers."""
+"""TE's defaults (1.x and 2.x alike): 16 SMs for its "pipeline" (proj_fprop, fc2_fprop) and
+"bulk" layers, none for its ring exchanges."""
 
 
 def gemm_slowdown(margins: SmMargins, sm_count: int) -> dict[str, float]:
