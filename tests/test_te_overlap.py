@@ -58,6 +58,8 @@ def test_a_config_file_sets_each_comm_kernels_sms_margin_or_not():
     # them its kernel's num_sm
     assert "qkv_fprop" not in dict(from_ub_cfgs({}))
     assert dict(from_ub_cfgs({"qkv_fprop": {"use_ce": False}}))["qkv_fprop"] == 1
+    # ... or with a margin, which TE's GEMM keeps whatever carries the sends
+    assert dict(from_ub_cfgs({"qkv_fprop": {"set_sm_margin": 1}}))["qkv_fprop"] == 1
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,8 @@ comm_gemm_overlap.h` in 1.x); where it is off (TE 1.x's default), the GEMM is la
 every SM but the comm kernel's CTAs hold theirs while it runs (a CTA of 1,024 threads leaves
 no room on its SM for a GEMM CTA's registers): zsim charges both alike, the GEMM on
 `sm_count - num_sm` SMs. A "ring_exchange" layer's sends go through the copy engines
-(`use_ce`, true by default): no SMs, unless a config turns `use_ce` off (then `num_sm`).
+(`use_ce`, true by default): no SMs, unless a config turns `use_ce` off or sets its margin
+(then `num_sm`).
 Defaults (`initialize_ub`'s `get_default_config`): `num_sm` 16 for "pipeline" and "bulk", 1
 for "ring_exchange"; the margin on since TE 2.0 (544dd14, 2025-02), off in 1.x. A Megatron
 `--tp-comm-overlap-cfg` file (TE's `ub_cfgs`) sets them per layer.
@@ -87,7 +88,7 @@ def from_ub_cfgs(ub_cfgs: Mapping[str, Any] | None) -> SmMargins:
         require(on in (True, False, 0, 1), f"{where}.set_sm_margin", on, "true or false (1 or 0)")
         require(ce in (True, False, 0, 1), f"{where}.use_ce", ce, "true or false (1 or 0)")
         require(is_whole(sms), f"{where}.num_sm", sms, "a non-negative whole number of SMs")
-        margins[layer] = 0 if ring and ce else sms
+        margins[layer] = 0 if ring and ce and not on else sms  # copy engines, no margin
     return parse_sms(margins)
 
 
