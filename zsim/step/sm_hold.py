@@ -6,8 +6,9 @@ the SMs left: a GEMM or an attention kernel, which needs every SM it is given, t
 `sm / (sm - held)` times as long while the collective runs (the mechanism TransformerEngine's
 SM margins make explicit, `workload.te_overlap`, and that an H100 profile shows for FSDP's
 prefetched all-gather: 24 CTAs of NCCL's kernel pushing a 132-tile GEMM into a second wave,
-NVIDIA developer forum 337991). Bandwidth-bound kernels keep their rate: fewer SMs still
-saturate HBM (not modelled: the HBM the collective's own copies take).
+NVIDIA developer forum 337991). Bandwidth-bound kernels are assumed to keep their rate (the
+SMs left still draw most of the HBM's bandwidth; no measurement in reach says how much less),
+and the HBM the collective's own copies take is not modelled.
 
 Which collectives: those the step issues on its own streams beside the compute stream (DP's
 reduce-scatters and all-reduces, ZeRO-3's and FSDP's gathers). Not: TP's (under TE's overlap
