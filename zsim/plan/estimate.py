@@ -256,8 +256,9 @@ class Estimator:
             groups, passes = (group, later), (forward, backward)
             sizes = (float(params), float(padded))
             gathered, averaged = self._gathered.of(cfg, stage), self._qgz(cfg, group)
+            slows = (slow, self._sm_slow(cfg, stage, later))
             exposed, sent = zero3_terms(
-                cfg, self.device, collective, groups, sizes, gathered, passes, averaged, slow
+                cfg, self.device, collective, groups, sizes, gathered, passes, averaged, slows
             )
         elif n > 1:
             exposed = self._reduce(cfg, stage, group, params, backward, slow)

@@ -52,7 +52,7 @@ def zero3_terms(
     gathered: Gathered,
     passes: tuple[float, float],
     averaged: tuple[float, float, float] | None = None,
-    slow: float = 1.0,
+    slows: tuple[float, float] = (1.0, 1.0),
 ) -> tuple[float, float]:
     """(exposed seconds, bytes one GPU sends) of a step's ZeRO-3 collectives: `groups` are the
     data-parallel group and the one later gathers use (itself without hpZ); `sizes` the rank's
@@ -61,12 +61,10 @@ def zero3_terms(
     within `stage3_max_reuse_distance` stays gathered into its backward); `passes` a
     micro-step's forward and backward; `averaged` the (seconds, bytes sent, seconds across
     the nodes) of a micro-step's averaging where not the reduce-scatters (qgZ: `qgz_terms`);
-    `slow` a pass beside the collectives over alone (`sm_terms`)."""
+    `slows` a pass beside each group's collectives over alone (`sm_terms`)."""
     (forward, backward), (params, padded), ahead = passes, sizes, gathered.forward
-    d, m = cfg.precision.bytes, cfg.grad_accum
-    dtype, quantized = str(cfg.precision), cfg.knobs.quantized_weights
-    everyone, later = groups
-
+    d, m, dtype = cfg.precision.bytes, cfg.grad_accum, str(cfg.precision)
+    (everyone, later), (slow, slow_later) = groups, slows
     gather = functools.partial(_gather_s, cfg, device, collective_s)  # (group, numel)
 
     def waited(
@@ -96,10 +94,12 @@ def zero3_terms(
     buckets = max(1, math.ceil(params / cfg.knobs.reduce_bucket_size))
     shared = across if later is everyone else 0.0  # on the gathers' links (hpZ: inside nodes)
     ends = _backward_comm_end(cfg, backward, (back_s, scatter, shared), params)
-    tail = back_wait + max(beyond(backward, ends, slow), scatter / buckets)
+    both = back_s + scatter  # the backward's gathers (hpZ: in the node) and its reductions
+    slow_back = (back_s * slow_later + scatter * slow) / both if both else slow
+    tail = back_wait + max(beyond(backward, ends, slow_back), scatter / buckets)
     first = first_wait + beyond(forward, first_s, slow)
-    exposed = first + tail + (m - 1) * (again_wait + beyond(forward, again_s, slow) + tail)
-    if quantized:  # each gather's dequantize, on the compute stream
+    exposed = first + tail + (m - 1) * (again_wait + beyond(forward, again_s, slow_later) + tail)
+    if cfg.knobs.quantized_weights:  # each gather's dequantize, on the compute stream
         exposed += m * device.copy_time_s(1.5 * (ahead + behind), dtype)
     sent = first_b + (m - 1) * again_b + m * (back_b + scattered)
     return exposed, sent
