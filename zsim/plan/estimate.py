@@ -10,7 +10,8 @@ this tier adds is only how the pieces compose, each rule from the schedule it st
   fill and drain (and of every micro-batch for DeepSpeed's blocking engine);
 - data parallelism: DeepSpeed's reductions per ZeRO stage (`step.zero_reduce`), exposed whole
   on the compute stream, beyond the backward with overlap_comm; ZeRO-3's gathers (and FSDP2's,
-  `fsdp_terms`) beyond the compute they prefetch behind; the norm, Adam, post-step gathers.
+  `fsdp_terms`) beyond the compute they prefetch behind, that compute slowed where NCCL's
+  kernels hold SMs beside it (`sm_terms`); the norm, Adam, post-step gathers.
 
 Collectives that share links are solved together only beside their replica groups; elsewhere
 timed as if alone, so the tier is optimistic there; the simulation ranks its best candidates.
