@@ -237,7 +237,7 @@ class Estimator:
         d, n = cfg.precision.bytes, cfg.dp_cp
         padded = -(-params // n) * n
         exposed = sent = 0.0
-        slow = self._sm_slow(cfg, stage, group)
+        slow = self._sm_slow(cfg, group)
         if n > 1 and cfg.dp_engine is DpEngine.MEGATRON:
             calls = functools.partial(self.collective_s, beside=self._beside[id(group)])
             job, passes = self.job(cfg, stage), (forward, backward)
@@ -257,7 +257,7 @@ class Estimator:
             groups, passes = (group, later), (forward, backward)
             sizes = (float(params), float(padded))
             gathered, averaged = self._gathered.of(cfg, stage), self._qgz(cfg, group)
-            slows = (slow, self._sm_slow(cfg, stage, later))
+            slows = (slow, self._sm_slow(cfg, later))
             exposed, sent = zero3_terms(
                 cfg, self.device, collective, groups, sizes, gathered, passes, averaged, slows
             )
@@ -356,12 +356,11 @@ class Estimator:
         exposed = max(late, reduce / calls)  # the last bucket waits either way
         return exposed * (cfg.grad_accum if every_micro_batch else 1)
 
-    def _sm_slow(self, cfg: ParallelConfig, stage: int, group: tuple[int, ...]) -> float:
+    def _sm_slow(self, cfg: ParallelConfig, group: tuple[int, ...]) -> float:
         """A pass beside the data-parallel collectives over alone (`sm_terms`): a block's SM
         share (stage 0's: blocks are alike) on the SMs the group's channels leave; kept."""
         if self.gloo or not cfg.models(Mechanism.NCCL_SMS):
             return 1.0
-        del stage
         shape = (cfg.tp, cfg.cp, cfg.sequence_parallel, cfg.micro_batch, cfg.precision)
         key = ("sm", id(group), *shape, cfg.flash_attention, cfg.attention_kernel, cfg.elementwise)
         if key not in self._flops:

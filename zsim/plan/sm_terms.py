@@ -12,6 +12,7 @@ from zsim.cluster.topology import Topology
 from zsim.network.nccl_ctas import comm_channels
 from zsim.step.job import StageJob
 from zsim.step.kernels import LayerKernels
+from zsim.step.sm_hold import slowdown
 from zsim.workload.model import LayerKind
 from zsim.workload.shapes import Shard, backward_ops, forward_ops
 
@@ -36,8 +37,6 @@ def sm_slow(
 ) -> float:
     """A pass's time beside one of `group`'s large collectives over its time alone: its SM
     share on the SMs the collective's channels leave."""
-    sms = device.sm_count
-    if not sms or len(group) < 2:
+    if not device.sm_count or len(group) < 2:
         return 1.0
-    held = comm_channels(topology, group)
-    return 1.0 + block_sm_share(job) * (sms / max(sms - held, 1) - 1.0)
+    return slowdown(device.sm_count, comm_channels(topology, group), block_sm_share(job))

@@ -181,9 +181,9 @@ class Engine(RankGroups):
     def holds(self, rank: int, task: Task) -> int:
         """The SMs a collective task of `rank` holds while it runs."""
         comm = task.comm
-        if self.sms is None or comm is None:
+        if self.sms is None or comm is None or not self.sms.beside(comm, task.stream):
             return 0
-        return self.sms.ctas(comm, task.stream, self.group_of(rank, comm.group))
+        return self.sms.ctas(comm, self.group_of(rank, comm.group))
 
     def hold(self, rank: int, ctas: int) -> None:
         """`rank`'s collectives take (or give back) `ctas` SMs: its compute re-times."""

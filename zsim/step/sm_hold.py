@@ -39,11 +39,15 @@ class SmHold:
     sm_count: int
     _channels: dict[int, int] = field(default_factory=dict)  # id(group) -> channels
 
-    def ctas(self, comm: Comm, stream: Stream, members: tuple[int, ...]) -> int:
-        """The SMs this collective holds while it runs beside the compute stream (0: none)."""
-        if stream not in BESIDE_COMPUTE or comm.group in NOT_NCCL_GROUPS or len(members) < 2:
-            return 0
-        if comm.op is CollectiveOp.SEND_RECV:
+    @staticmethod
+    def beside(comm: Comm, stream: Stream) -> bool:
+        """Whether this call is an NCCL collective running beside the compute stream."""
+        not_nccl = comm.group in NOT_NCCL_GROUPS or comm.op is CollectiveOp.SEND_RECV
+        return stream in BESIDE_COMPUTE and not not_nccl
+
+    def ctas(self, comm: Comm, members: tuple[int, ...]) -> int:
+        """The SMs a collective of `members` beside the compute stream holds while it runs."""
+        if len(members) < 2:
             return 0
         found = self._channels.get(id(members))  # groups are cached tuples: ids are theirs
         if found is None:
@@ -53,7 +57,12 @@ class SmHold:
     def rate(self, held: int, sm_share: float) -> float:
         """A compute task's progress per second (1: alone) while `held` SMs are taken: its
         SM-bound share runs on the SMs left."""
-        if held <= 0 or sm_share <= 0:
-            return 1.0
-        slow = self.sm_count / max(self.sm_count - held, 1)
-        return 1.0 / (1.0 + sm_share * (slow - 1.0))
+        return 1.0 / slowdown(self.sm_count, held, sm_share)
+
+
+def slowdown(sm_count: int, held: int, sm_share: float) -> float:
+    """A task's time while `held` of `sm_count` SMs are taken over its time alone: its
+    SM-bound share on the SMs left."""
+    if held <= 0 or sm_share <= 0:
+        return 1.0
+    return 1.0 + sm_share * (sm_count / max(sm_count - held, 1) - 1.0)
