@@ -30,7 +30,13 @@ import numpy as np
 from zsim.calibrate.engine_fit import ENGINE_CALLS
 from zsim.calibrate.fit import Residual, fit_profile
 from zsim.calibrate.measurement import Kind, Measurement, algbw, busbw
-from zsim.cluster.device import ComputeRates, DeviceProfile, LayerTime, LinkFit
+from zsim.cluster.device import (
+    ZERO3_HOST_COSTS,
+    ComputeRates,
+    DeviceProfile,
+    LayerTime,
+    LinkFit,
+)
 from zsim.errors import InputError, is_whole, require
 from zsim.inputs.files import load_json
 from zsim.network.collective import CollectiveOp
@@ -198,6 +204,7 @@ PROFILE_FIELDS: dict[str, Parse] = {
     "op_s_per_byte": _per_op,
     "op_call_s": _per_op,
     "engine_host_s": lambda where, value: _keyed(where, value, ENGINE_CALLS),
+    "zero3_rank_host_s": lambda where, value: _keyed(where, value, ZERO3_HOST_COSTS),
     "backend": _backend,
     "notes": _notes,
 }

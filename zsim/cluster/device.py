@@ -117,6 +117,10 @@ class DeviceProfile:
     # <phase>": forward, backward, step) and per parameter tensor ("..._per_tensor"):
     # calibrate.engine_fit, CPU ranks only
     engine_host_s: Mapping[str, float] = field(default_factory=dict)
+    # DeepSpeed ZeRO-3's host seconds per data-parallel rank of a call ("gather_issue" per
+    # coalesced gather; "gather_wait", "reduce" per parameter as well): calibrate.zero3_host,
+    # GPU ranks (a CPU rank's engine_host_s holds its own at its world size)
+    zero3_rank_host_s: Mapping[str, float] = field(default_factory=dict)
     backend: str = "nccl"  # "gloo" for CPU ranks: collectives and stream semantics differ
     notes: tuple[str, ...] = ()
 
@@ -168,6 +172,11 @@ master weight, m and v are each read and written (3 x 2 x 4 = 24) and the gradie
 also 4). Calibration times torch's AdamW per parameter and reports
 `optimizer_bytes_per_s = params_per_s * ADAM_STEP_BYTES_PER_PARAM`, so a simulator that charges
 `params * ADAM_STEP_BYTES_PER_PARAM / optimizer_bytes_per_s` recovers the measured time."""
+
+
+ZERO3_HOST_COSTS = ("gather_issue", "gather_wait", "reduce")
+"""The keys of a profile's `zero3_rank_host_s` (seconds per rank: per coalesced gather; per
+parameter of its first wait; per gradient of a reduce-scatter call): zsim.step.zero3_host."""
 
 
 FSDP_TINY_UNIT_BYTES = 4 * 64 * 64

@@ -39,7 +39,22 @@ def gpu(name: str) -> DeviceProfile:
         source = choose("efficiency_from", str(spec["efficiency_from"]), gpu_names())
         measured_on = load_mapping(_gpu_dir() / f"{source}.yaml", "gpu")
     reference = load_csv(data_dir("calibration") / "reference" / "microbenchmarks_gemm_hbm.csv")
-    return profile_from_spec(spec, reference, measured_on)
+    profile = profile_from_spec(spec, reference, measured_on)
+    return replace(profile, zero3_rank_host_s=zero3_host_costs())
+
+
+ZERO3_HOST_FILE = "zero3-host.json"
+
+
+@cache
+def zero3_host_costs() -> dict[str, float]:
+    """DeepSpeed ZeRO-3's host seconds per rank (`calibrate.zero3_host`), as measured on the
+    CPU its file names: what a GPU preset's host pays until a GPU host is measured (without
+    CUDA's `record_stream` calls, so a lower bound)."""
+    path = data_dir("calibration") / ZERO3_HOST_FILE
+    fitted = load_mapping(path, "zero3_host").get("fit", {})
+    require(isinstance(fitted, dict), "zero3_host.fit", fitted, "a mapping of costs")
+    return {cost: float(value["per_rank_s"]) for cost, value in fitted.items()}
 
 
 GPU_FILE_KEYS = ("name", "memory_GiB", "peak_TFLOPS", "hbm_GBps")

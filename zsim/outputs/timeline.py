@@ -26,6 +26,7 @@ COLORS = {
     Category.PARAM_GATHER: "#DA8BC3",
     Category.PP_COMM: "#8C8C8C",
     Category.OFFLOAD: "#CCB974",
+    Category.HOST: "#2F2F2F",
 }
 
 

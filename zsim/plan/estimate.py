@@ -36,6 +36,7 @@ from zsim.plan.megatron_terms import amax_s, megatron_terms
 from zsim.plan.pipeline_terms import bubble_s, partitioned_s
 from zsim.plan.qgz_terms import Averaged, qgz_terms
 from zsim.plan.sm_terms import beyond, sm_slow
+from zsim.plan.zero3_host_terms import zero3_host_s
 from zsim.plan.zero3_terms import GatherSums, zero3_terms
 from zsim.step import fsdp
 from zsim.step.job import StageJob
@@ -261,6 +262,8 @@ class Estimator:
             exposed, sent = zero3_terms(
                 cfg, self.device, collective, groups, sizes, gathered, passes, averaged, slows
             )
+            ranks = (len(group), len(later))
+            exposed += zero3_host_s(self.job(cfg, stage), gathered, ranks, passes)
         elif n > 1:
             exposed = self._reduce(cfg, stage, group, params, backward, slow)
             reductions = cfg.grad_accum if cfg.zero_stage is ZeroStage.GRADIENTS else 1

@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from zsim.cluster.device import DeviceProfile
 from zsim.network.collective import CollectiveOp
@@ -41,6 +41,9 @@ class Gathered:
     backward: float
     forward_blocking: tuple[float, ...] = ()
     backward_blocking: tuple[float, ...] = ()
+    # coalesced calls (more than one parameter) and their parameters, forward then backward:
+    # what the host walks the ranks for (`zero3_host_terms`)
+    coalesced: tuple[int, int, int, int] = (0, 0, 0, 0)
 
 
 def zero3_terms(
@@ -160,8 +163,8 @@ class GatherSums:
 
     def __init__(self, model: ModelSpec) -> None:
         self.model = model
-        self._gathers: dict[tuple[object, ...], list[tuple[int, bool, bool]]] = {}
-        self._replays: dict[tuple[object, ...], list[tuple[int, bool, bool]]] = {}
+        self._gathers: dict[tuple[object, ...], list[tuple[int, bool, bool, int]]] = {}
+        self._replays: dict[tuple[object, ...], list[tuple[int, bool, bool, int]]] = {}
         self._sums: dict[tuple[object, ...], Gathered] = {}
 
     def of(self, cfg: ParallelConfig, stage: int) -> Gathered:
@@ -169,25 +172,32 @@ class GatherSums:
         key: tuple[object, ...] = (cfg.pp, stage, cfg.tp, cfg.recompute, cfg.sequence_parallel)
         key += (cfg.flash_attention, k.prefetch_bucket_size, k.param_persistence_threshold)
         key += (k.max_live_parameters, k.max_reuse_distance)
-        if key not in self._gathers:  # (elements, in the forward, blocking) of each call
+        if key not in self._gathers:  # (elements, in the forward, blocking, tensors) a call
             chunk = rank_chunks(self.model, cfg, stage)[0]
             trace = tuple(module_trace(self.model, cfg, chunk))
             replayed = (trace, k)  # recompute and sequence parallelism often leave it alike
             if replayed not in self._replays:
                 gathers = replay(trace, k).gathers
                 self._replays[replayed] = [
-                    (g.numel, trace[g.at].forward, g.blocking) for g in gathers
+                    (g.numel, trace[g.at].forward, g.blocking, g.tensors) for g in gathers
                 ]
             self._gathers[key] = self._replays[replayed]
         padded = (*key, cfg.dp)
         if padded not in self._sums:
             sides = [0.0, 0.0]  # forward, backward
             blocking: tuple[list[float], list[float]] = ([], [])
-            for numel, forward, waits in self._gathers[key]:
+            coalesced = [0, 0, 0, 0]  # calls and tensors, forward then backward
+            for numel, forward, waits, tensors in self._gathers[key]:
                 elements = float(-(-numel // cfg.dp) * cfg.dp)
-                sides[0 if forward else 1] += elements
+                side = 0 if forward else 1
+                sides[side] += elements
                 if waits:
-                    blocking[0 if forward else 1].append(elements)
+                    blocking[side].append(elements)
+                if tensors > 1:
+                    coalesced[2 * side] += 1
+                    coalesced[2 * side + 1] += tensors
             found = Gathered(sides[0], sides[1], tuple(blocking[0]), tuple(blocking[1]))
+            calls = (coalesced[0], coalesced[1], coalesced[2], coalesced[3])
+            found = replace(found, coalesced=calls)
             self._sums[padded] = found
         return self._sums[padded]

@@ -67,6 +67,9 @@ class _Passes:
         fsdp = engine is DpEngine.FSDP
         self.gathers: Gathers = FsdpUnshard(job, writer) if fsdp else ParameterGathers(job, writer)
         self.param_sync = MegatronParamSync(job, writer)
+        self.host = self.gathers.host if isinstance(self.gathers, ParameterGathers) else None
+        if isinstance(self.reducer, GradientReducer):
+            self.reducer.host = self.host  # one host thread walks for both
         self._previous: list[Task] = []  # the last work's end (ZeRO-3: one stage, in order)
         self._host_s = {f: job.engine_host_s("forward" if f else "backward") for f in (True, False)}
         self._reversed = [tuple(reversed(chunk)) for chunk in job.chunks]  # backward order
@@ -81,6 +84,8 @@ class _Passes:
             deps = [*deps, *self._previous]
             if self.job.gloo:  # ... and on gloo that backward returned after its reductions
                 deps = [*deps, *self.reducer.pending()]
+            if self.host is not None:
+                self.host.sync(deps)
         host = self._host_s[work.forward]
         if host > 0:  # the engine's own Python before the pass's first kernel (CPU ranks)
             category = Category.FORWARD if work.forward else Category.BACKWARD

@@ -47,6 +47,7 @@ class Category(StrEnum):
     PARAM_GATHER = "param_gather"
     PP_COMM = "pp_comm"
     OFFLOAD = "offload"
+    HOST = "host"  # the host thread's own work that kernels wait for (ZeRO-3's rank walks)
 
 
 class Group(StrEnum):

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from zsim.network.collective import CollectiveOp
 from zsim.step.job import StageJob
 from zsim.step.program import Category, Comm, Group, ProgramWriter, Stream, Task
+from zsim.step.zero3_host import HostChain
 from zsim.workload.layout import layer_passes
 from zsim.workload.mechanisms import Mechanism
 from zsim.workload.model import ComputeOp, Layer, ModelSpec, module_of
@@ -191,9 +192,11 @@ class ParameterGathers:
         self._trace: list[Use] = []
         self._micro_steps = 0
         self._quantized: dict[int, float] = {}  # a quantized gather -> elements it gathers
-        self._coalesced: dict[int, int] = {}  # a coalesced gather -> elements it copies out
+        # a coalesced gather -> (elements it copies out, its parameters, its group's ranks)
+        self._coalesced: dict[int, tuple[int, int, int]] = {}
         self._waited: dict[int, Task] = {}  # a gather -> what its first wait() ends with
         self._copies: list[Task] = []  # the allgather stream's last copy-out
+        self.host = HostChain(job, writer)  # the rank walks (zsim.step.zero3_host)
 
     def start(self, layers: Sequence[Layer]) -> None:
         """Replay DeepSpeed's coordinator over this micro-step (forward + backward)."""
@@ -231,16 +234,20 @@ class ParameterGathers:
                 self._issue_into_flight(g, [*last, *self._blocking], tag)
             self._blocking = []
             self._position += 1
-        return waits
+        return [*waits, *self.host.issued()]  # its kernels: launched after the host's work
 
     def _issue_into_flight(self, g: Gather, deps: list[Task], tag: str) -> Task:
         """Issue `g` from the allgather stream: its NCCL stream first waits for the work
         enqueued there before (ProcessGroupNCCL syncs with the current stream)."""
+        ranks = self._group(g)[1]
+        if g.coalesced and not self.job.cfg.knobs.quantized_weights:
+            views = self.host.charge("gather_issue", ranks, 1, [])
+            deps = [*deps, *([views] if views else [])]
         task = self._issue(g, [*deps, *self._copies], tag)
         for k in g.keys:
             self._inflight[k] = task
         if g.coalesced:
-            self._coalesced[id(task)] = g.numel
+            self._coalesced[id(task)] = (g.numel, g.tensors, ranks)
         return task
 
     def _ready(self, gather: Task, tag: str) -> Task:
@@ -259,27 +266,40 @@ class ParameterGathers:
         stream where the coordinator waits (partitioned_param_coordinator.py:400-406), which
         NCCL's own stream (the gathers) does not wait for, but the next gather issued does;
         on gloo the host's own copy, which blocks it."""
-        elements = self._coalesced.pop(id(gather), None)
-        if elements is None or not self.job.cfg.models(Mechanism.GATHER_COPY_OUT):
+        coalesced = self._coalesced.pop(id(gather), None)
+        if coalesced is None:
             return done
-        seconds = self.job.device.copy_time_s(elements * self.job.element_bytes, self.job.dtype)
+        elements, tensors, ranks = coalesced
+        cat, deps = Category.PARAM_GATHER, [done]
+        if not self.job.cfg.knobs.quantized_weights:  # the host's views and cats, throttled
+            views = self.host.charge("gather_wait", ranks, tensors, self._copies)
+            deps += [views] if views else []
         stream = Stream.COMPUTE if self.job.gloo else Stream.ALLGATHER
-        copy = self.writer.compute(
-            f"{tag}.gather_copy_out", seconds, Category.PARAM_GATHER, [done], stream
-        )
+        if not self.job.cfg.models(Mechanism.GATHER_COPY_OUT):
+            return (
+                self.writer.compute(f"{tag}.waited", 0.0, cat, deps, stream) if deps[1:] else done
+            )
+        seconds = self.job.device.copy_time_s(elements * self.job.element_bytes, self.job.dtype)
+        copy = self.writer.compute(f"{tag}.gather_copy_out", seconds, cat, deps, stream)
         self._copies = [copy]  # the NCCL stream of a later gather waits for it (issued after)
         return copy
 
-    def _issue(self, g: Gather, deps: list[Task], tag: str) -> Task:
-        """One all-gather call: on the data-parallel group, or with ZeRO++'s hpZ on the
-        rank's secondary group once the parameters have their secondary partition (all but
-        the first forward after an optimizer step, which frees them: stage3.py
-        `invalidate_secondary_tensor`; partition_parameters.py picks the group by it); with
-        qwZ as int8 values and fp32 scales, two calls, the shard quantized first."""
+    def _group(self, g: Gather) -> tuple[Group, int]:
+        """The group a gather runs on and its ranks: the data-parallel group, or with ZeRO++'s
+        hpZ the rank's secondary group once the parameters have their secondary partition
+        (all but the first forward after an optimizer step, which frees them: stage3.py
+        `invalidate_secondary_tensor`; partition_parameters.py picks the group by it)."""
         job, knobs = self.job, self.job.cfg.knobs
         first_forward = self._micro_steps == 1 and self._trace[g.at].forward
-        group = Group.HPZ if knobs.hpz_partition_size > 1 and not first_forward else Group.DP
-        ranks = knobs.hpz_partition_size if group is Group.HPZ else job.cfg.dp
+        if knobs.hpz_partition_size > 1 and not first_forward:
+            return Group.HPZ, knobs.hpz_partition_size
+        return Group.DP, job.cfg.dp
+
+    def _issue(self, g: Gather, deps: list[Task], tag: str) -> Task:
+        """One all-gather call on its group (`_group`); with qwZ as int8 values and fp32
+        scales, two calls, the shard quantized first."""
+        job, knobs = self.job, self.job.cfg.knobs
+        group, ranks = self._group(g)
         padded = job.padded(g.numel)  # padded to dp even for hpZ's secondary (PP:1693)
         name, cat = f"{tag}.gather", Category.PARAM_GATHER
         if not knobs.quantized_weights:

@@ -31,6 +31,7 @@ from zsim.network.collective import CollectiveOp
 from zsim.step.job import StageJob
 from zsim.step.program import Category, Comm, Group, ProgramWriter, Stream, Task
 from zsim.step.qgz import quantized_average, quantizes
+from zsim.step.zero3_host import HostChain
 from zsim.workload.model import Layer, LayerKind, ParamTensor
 from zsim.workload.parallel import STAGE0_ALLREDUCE_BUCKET_NUMEL, ZeroStage
 
@@ -69,6 +70,7 @@ class GradientReducer:
         self._reduced_in_hooks = False  # whether a backward already reduced (boundary skips)
         self._flushes: list[Task] = []  # this backward's flushes, by their last task
         self._host_wait: Task | None = None  # the throttle the latest hook ran into
+        self.host: HostChain | None = None  # ZeRO-3's host walks (the gathers' chain)
 
     def in_hooks(self, boundary: bool) -> bool:
         """Whether gradients are reduced as backward produces them (DeepSpeed's IPG hooks):
@@ -116,13 +118,17 @@ class GradientReducer:
         job, cfg, writer = self.job, self.job.cfg, self.writer
         bucket, self._bucket = self._bucket, _Bucket()
         numel, ready, tensors = bucket.numel, [*bucket.ready, *deps], bucket.tensors
-        throttled = self._throttled()
+        throttled, waited = self._throttled(), []
         if throttled and len(self._flushes) > MAX_PARAM_REDUCE_EVENTS:
-            oldest = self._flushes[-(MAX_PARAM_REDUCE_EVENTS + 1)]
+            waited = [self._flushes[-(MAX_PARAM_REDUCE_EVENTS + 1)]]  # the host waits for it
             self._host_wait = writer.compute(
-                "reduce_throttle", 0.0, Category.BACKWARD, [*ready, oldest]
+                "reduce_throttle", 0.0, Category.BACKWARD, [*ready, *waited]
             )
             ready = [self._host_wait]
+        if self.host is not None and not job.qgz_nodes:  # reduce_scatter_coalesced's walk
+            walk = self.host.charge("reduce", cfg.dp, len(tensors), waited)
+            if walk is not None:
+                ready, self._host_wait = [*ready, walk], walk
         stream = Stream.REDUCE if cfg.overlap_comm else Stream.COMPUTE
         comm_stream = stream
         if (

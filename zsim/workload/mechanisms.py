@@ -27,6 +27,7 @@ class Mechanism(StrEnum):
     FP8_AMAX = "fp8-amax"
     SEND_QUEUE = "send-queue"
     NCCL_SMS = "nccl-sms"
+    ZERO3_HOST = "zero3-host"
 
 
 MECHANISMS: dict[Mechanism, str] = {
@@ -64,6 +65,9 @@ MECHANISMS: dict[Mechanism, str] = {
     Mechanism.NCCL_SMS: "NCCL's data-parallel collectives hold an SM per channel while they "
     "run; GEMMs and attention beside them run on the SMs left, zsim.step.sm_hold (off: every "
     "SM)",
+    Mechanism.ZERO3_HOST: "DeepSpeed ZeRO-3's host walks every data-parallel rank per coalesced "
+    "gather and reduce-scatter, and the coordinator throttles on its fetches, zsim.step."
+    "zero3_host (off: the host is always ahead)",
 }
 
 
