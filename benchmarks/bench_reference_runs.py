@@ -133,7 +133,7 @@ def run_case(
         topo = topology_of(case)
         if protocol is not None:
             topo = replace(topo, fabric=replace(topo.fabric, protocol=protocol), memo={})
-        cfg = replace(case.parallel, without=without)
+        cfg = replace(case.parallel, without=case.parallel.without | without)
         report = simulate(case.model, cfg, topo, gpu_profile(case.gpu))
     except Exception as exc:  # a scenario zsim cannot run is a finding, recorded as such
         return outcome(case, None, f"zsim failed: {type(exc).__name__}: {exc}", start)

@@ -26,6 +26,7 @@ from results_md import write_block, write_csv
 from zsim.cluster.topology import Topology
 from zsim.inputs import presets
 from zsim.simulation import Report, simulate
+from zsim.workload.mechanisms import Mechanism
 from zsim.workload.model_presets import preset
 from zsim.workload.parallel import DpEngine, ParallelConfig, PipelineEngine, Recompute
 
@@ -82,11 +83,14 @@ def row(name: str, n: int, cfg: ParallelConfig) -> dict[str, Any]:
     report = simulate(model, cfg, topo, gpu)
     wall = time.perf_counter() - start
     no_tuner = simulate(model, cfg, ideal(topo), gpu).model_tflops_per_gpu
+    zero3 = cfg.zero_stage == 3
     two_groups = (
         simulate(model, dataclasses.replace(cfg, mpu=False), topo, gpu).model_tflops_per_gpu
-        if cfg.zero_stage == 3
+        if zero3
         else None
     )
+    walkless = dataclasses.replace(cfg, without=frozenset({Mechanism.ZERO3_HOST}))
+    no_walks = simulate(model, walkless, topo, gpu).model_tflops_per_gpu if zero3 else None
     return {
         "layout": name,
         "gpus": n,
@@ -96,6 +100,7 @@ def row(name: str, n: int, cfg: ParallelConfig) -> dict[str, Any]:
         **breakdown(report),
         "tflops_without_nccl_protocols": round(no_tuner, 1),
         "tflops_with_two_zero3_groups": None if two_groups is None else round(two_groups, 1),
+        "tflops_without_host_walks": None if no_walks is None else round(no_walks, 1),
         "fits": report.fits,
         "sim_wall_s": round(wall, 2),
     }
@@ -115,24 +120,62 @@ def breakdown(report: Report) -> dict[str, Any]:
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
         "| layout | GPUs | batch | TFLOP/s per GPU | step s | compute s | exposed comm s | "
-        "idle s | most exposed | without NCCL protocols | with two ZeRO-3 groups | fits |\n"
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|\n"
+        "idle s | most exposed | without NCCL protocols | with two ZeRO-3 groups | "
+        "without host walks | fits |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|\n"
     )
     lines = [
         f"| {r['layout']} | {r['gpus']} | {r['global_batch']} | {r['tflops_per_gpu']} | "
         f"{r['step_s']} | {r['compute_s']} | {r['exposed_comm_s']} | {r['idle_s']} | "
         f"{r['top_exposed']} | {r['tflops_without_nccl_protocols']} | "
         f"{r['tflops_with_two_zero3_groups'] if r['tflops_with_two_zero3_groups'] else '-'} | "
+        f"{r['tflops_without_host_walks'] if r['tflops_without_host_walks'] else '-'} | "
         f"{'yes' if r['fits'] else 'no'} |"
         for r in rows
     ]
     return head + "\n".join(lines) + "\n"
 
 
+HOST_MODELS = ("gpt-1.3b", "gpt-6.7b", "gpt-13b")
+HOST_SIZES = (64, 256, 1024, 2048)
+
+
+def host_walks() -> str:
+    """ZeRO-3's host walks by model size: model TFLOP/s per GPU with and without them, global
+    batch 2,048 sequences of 2,048, micro-batch 1, full recompute, an mpu, `dgx-a100` nodes."""
+    gpu = presets.gpu("a100-80gb")
+    lines = [
+        "| model | GPUs | with walks | without | step s | host exposed s |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name in HOST_MODELS:
+        for n in HOST_SIZES:
+            cfg = ParallelConfig(
+                dp=n, zero_stage=3, grad_accum=2048 // n, recompute=Recompute.FULL, mpu=True
+            )
+            topo = presets.topology(f"{n // 8}x8-dgx-a100")
+            report = simulate(preset(name), cfg, topo, gpu)
+            walkless = dataclasses.replace(cfg, without=frozenset({Mechanism.ZERO3_HOST}))
+            bare = simulate(preset(name), walkless, topo, gpu)
+            host = report.critical.exposed_by_category.get("host", 0.0)
+            lines.append(
+                f"| {name} | {n} | {report.model_tflops_per_gpu:.1f} | "
+                f"{bare.model_tflops_per_gpu:.1f} | {report.step_time_s:.3f} | {host:.3f} |"
+            )
+            print(lines[-1], flush=True)
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", help="GPU counts, comma-separated (default: all)")
+    parser.add_argument(
+        "--host-walks", action="store_true", help="print ZeRO-3's host walks by model size"
+    )
     args = parser.parse_args()
+    if args.host_walks:
+        print(host_walks())
+        return 0
     sizes = tuple(int(s) for s in args.sizes.split(",")) if args.sizes else None
     rows = []
     todo = layouts(sizes)

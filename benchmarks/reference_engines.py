@@ -11,6 +11,7 @@ from reference_measured import Skip
 
 from zsim.cluster.flash_rates import family_of
 from zsim.workload.eager import Elementwise
+from zsim.workload.mechanisms import Mechanism
 from zsim.workload.model import AttentionKernel, ModelSpec
 from zsim.workload.parallel import DpEngine, PipelineEngine, ZeroKnobs, ZeroStage
 from zsim.workload.te_overlap import SmMargins, from_ub_cfgs
@@ -127,4 +128,7 @@ def engine_fields(
         # gradient accumulation fusion came in 2022-02 (83b1e42): Megatron-LM's 2020-21 runs
         # left each micro-batch's gradients to autograd's add into .grad
         "grad_accumulation_fusion": fw != "megatron",
+        # Composer's FSDP1 gathers and reduce-scatters flat parameters whole
+        # (all_gather_into_tensor, reduce_scatter_tensor): none of DeepSpeed's per-rank walks
+        "without": frozenset({Mechanism.ZERO3_HOST}) if fw == "mpt" else frozenset(),
     }
