@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -13,7 +14,7 @@ from zsim.memory import peak_ledger
 from zsim.plan import advice
 from zsim.plan.agreement import spearman
 from zsim.plan.estimate import Estimator
-from zsim.plan.planner import Candidate, plan
+from zsim.plan.planner import Candidate, _simulate_best, plan
 from zsim.plan.space import Space, layouts
 from zsim.simulation import simulate
 from zsim.workload.mechanisms import Mechanism
@@ -280,3 +281,39 @@ def test_the_backwards_reductions_run_beside_its_gathers_on_two_communicators(kn
     assert not cfg.one_dp_group
     closed = Estimator(model, topo, gpu).estimate(cfg).step_s
     assert closed == pytest.approx(simulate(model, cfg, topo, gpu).step_time_s, rel=0.03)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """A stand-in candidate: its closed-form step, and the simulated one once run."""
+
+    cfg: float
+    report: float | None = None
+
+
+def _by_step(c: _Layout) -> tuple[float, ...]:
+    return (c.report if c.report is not None else c.cfg,)
+
+
+@pytest.mark.parametrize(
+    ("estimates", "simulated", "runs"),
+    [
+        ((1.0, 2.0, 3.0, 4.0), {1.0: 1.1, 2.0: 2.1}, 2),  # the closed form was right: stop
+        ((1.0, 2.0, 3.0, 4.0), {1.0: 5.0, 2.0: 6.0, 3.0: 4.5, 4.0: 4.8}, 4),  # optimistic
+        ((1.0, 2.0, 3.0, 4.0), {1.0: 3.5, 2.0: 6.0, 3.0: 3.6}, 3),  # the third did not beat it
+        ((1.0, 2.0, 3.0, 4.0, 5.0), dict.fromkeys((1.0, 2.0, 3.0, 4.0, 5.0), 9.0), 4),  # cap 2 x 2
+    ],
+)
+def test_the_planner_simulates_on_while_the_closed_form_beats_the_best_simulated(
+    estimates, simulated, runs
+) -> None:
+    fitting = [_Layout(e) for e in estimates]
+    seen = []
+
+    def run(_: int, cfg: float) -> float:
+        seen.append(cfg)
+        return simulated[cfg]
+
+    top = _simulate_best(fitting, _by_step, 2, run)  # type: ignore[arg-type]
+    assert seen == list(estimates[:runs])
+    assert [c.report for c in top] == [simulated[e] for e in estimates[:runs]]

@@ -232,7 +232,12 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--profile", type=Path, help="a calibrated profile (zsim calibrate)")
     p.add_argument("--objective", help="throughput (default) or memory")
     p.add_argument("--top", metavar="K", help="layouts to show (default 5)")
-    p.add_argument("--simulate", metavar="N", help="layouts the simulator ranks (default K)")
+    p.add_argument(
+        "--simulate",
+        metavar="N",
+        help="layouts the simulator ranks (default K), and up to N more while the next one's "
+        "closed form beats the best simulated step",
+    )
     p.add_argument("--precision", help="bf16 (default), fp16, fp32 or fp8 (--engine megatron)")
     p.add_argument("--tp", metavar="LIST", help="only these TP widths, e.g. 1 or 1,2")
     p.add_argument("--pp", metavar="LIST", help="only these pipeline depths")
