@@ -5,7 +5,8 @@
 (a) the closed-form tier's rate, layouts per second: the time estimate alone, and with each
     layout's memory ledger, over every layout of gpt-175b on 1,024 A100s (global batch 1,536)
     and of llama-70b on 64 H100s (global batch 1,024);
-(b) a whole `plan()` of gpt-175b on 1,024 GPUs: every layout, the best 5 simulated;
+(b) a whole `plan()` of gpt-175b on 1,024 GPUs: every layout, the best 5 simulated (and up
+    to 5 more whose closed form still beats the best simulated step);
 (c) agreement on 10 plans of smaller models and clusters: in each, the 10 best layouts by the
     closed form and 10 others drawn evenly from the rest that fit are simulated; the Spearman
     rank correlation of the two tiers' step times over all of them, and in how many plans
@@ -94,7 +95,7 @@ def whole_plan() -> list[str]:
     best = result.ranked[0]
     return [
         f"Whole plan, gpt-175b on 128x8-dgx-a100, global batch 1,536: {result.layouts:,} "
-        f"layouts, {len(result.ranked):,} fit, 5 simulated, **{wall:.1f} s** "
+        f"layouts, {len(result.ranked):,} fit, {result.simulated} simulated, **{wall:.1f} s** "
         f"({wall / ref:.0f}x the reference). Winner: step {best.step_s:.2f} s, "
         f"{best.tokens_per_s:,.0f} tokens/s.",
     ]
