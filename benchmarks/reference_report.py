@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 import statistics
 from collections.abc import Iterable
 from pathlib import Path
@@ -12,6 +13,8 @@ from typing import Any
 
 from reference_mapping import FILES, MD_OUT
 from results_md import write_block
+
+from zsim.plan.agreement import spearman
 
 COLUMNS = [
     "row_id",
@@ -78,6 +81,7 @@ def tables(results: list[dict[str, Any]], header: str) -> str:
     lines += _by_source(done)
     lines += _by_slice(done)
     lines += _worst(done)
+    lines += _sweeps(done)
     lines += _not_simulated(results)
     return "\n".join(lines) + "\n"
 
@@ -154,6 +158,40 @@ def _worst(done: list[dict[str, Any]]) -> list[str]:
         lines.append(
             f"| {r['row_id']} | {r['scenario']} | {r['measured_step_s']} | "
             f"{r['predicted_step_s']} | {r['error_pct']:+.1f} | {split} | {r['assumed']} |"
+        )
+    return lines
+
+
+def _sweeps(done: list[dict[str, Any]]) -> list[str]:
+    """Rows of one source that ran one model on one cluster at one global batch in several
+    layouts: whether zsim orders them as measured, and what picking its fastest cost in
+    measured step time over the measured fastest (the planner's question)."""
+    groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for r in done:
+        model, layout, cluster = (part.strip() for part in str(r["scenario"]).split(";"))
+        m = re.search(r"\bmb(\d+) ga(\d+)", layout)
+        batch = int(r["dp"]) * int(m.group(1)) * int(m.group(2)) if m else 0
+        groups.setdefault((r["source_id"], model, cluster, str(batch)), []).append(r)
+    lines = [
+        "",
+        "### Layout sweeps: does zsim order them as measured?",
+        "",
+        "| source | model; cluster; global batch | rows | layouts | Spearman | zsim's fastest, "
+        "measured over the measured fastest |",
+        "|---|---|---|---|---|---|",
+    ]
+    for (source, model, cluster, batch), rows in sorted(groups.items()):
+        layouts = {(r["tp"], r["pp"], r["dp"], r["micro_batch"]) for r in rows}
+        if len(rows) < 3 or len(layouts) < 2:
+            continue
+        measured = [float(r["measured_step_s"]) for r in rows]
+        predicted = [float(r["predicted_step_s"]) for r in rows]
+        pick = min(range(len(rows)), key=lambda i: predicted[i])
+        regret = measured[pick] / min(measured) - 1
+        rho = spearman(measured, predicted)
+        lines.append(
+            f"| {source} | {model}; {cluster.split()[0]}; {batch} | {len(rows)} | "
+            f"{len(layouts)} | {rho:+.2f} | {regret:+.1%} |"
         )
     return lines
 
