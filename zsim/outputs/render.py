@@ -249,6 +249,9 @@ def print_run(r: dict[str, Any]) -> None:
             f"{r['bubble_s'] * 1e3:,.2f} ms ({r['bubble_s'] / step:.0%})",
         ),
     ]
+    host = r["exposed_by_category_s"].get("host", 0.0)
+    if host > 0:  # counted in the exposed time: the GPU waits for it as for a collective
+        rows.insert(5, ("  of it the host's own work", f"{host * 1e3:,.2f} ms ({host / step:.0%})"))
     for key, value in sorted(r["traffic_GB_per_gpu"].items()):
         rows.append((f"sent per GPU: {key}", f"{value:,.3f} GB"))
     for key, value in sorted(r["link_traffic_GB"].items()):
@@ -299,6 +302,9 @@ def _run_header(r: dict[str, Any]) -> str:
     )
 
 
+HOST_WORK = "the host's own work (DeepSpeed's per-rank bookkeeping: zsim.step.zero3_host)"
+
+
 def bottleneck(r: dict[str, Any]) -> str:
     """One line: what the step's time mostly goes to on the rank that sets it, and the
     largest loss (the time that is not compute)."""
@@ -309,6 +315,7 @@ def bottleneck(r: dict[str, Any]) -> str:
     else:
         by = r["exposed_by_category_s"]
         top = max(by, key=lambda k: by[k]) if by else "communication"
+        top = HOST_WORK if top == "host" else top
         loss = f"exposed communication {exposed / step:.0%}, mostly {top}"
     if r["compute_s"] >= max(idle, exposed):
         head = f"compute, {r['compute_s'] / step:.0%} of the step on rank {rank}"
