@@ -22,6 +22,7 @@ import argparse
 import csv
 import sys
 import time
+from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import replace
 from functools import cache
@@ -48,7 +49,7 @@ from zsim.cluster.topology import Topology, build_topology
 from zsim.inputs import presets
 from zsim.inputs.files import load_mapping
 from zsim.simulation import simulate
-from zsim.workload.mechanisms import Mechanism
+from zsim.workload.mechanisms import Mechanism, parse_mechanisms
 
 PNG_OUT = RESULTS / "reference_runs.png"
 ABLATION_CSV = RESULTS / "reference_ablation.csv"
@@ -213,6 +214,12 @@ def _parser() -> argparse.ArgumentParser:
         help="also simulate the rows once per mechanism with it switched off (the ablation "
         "table and reference_ablation.csv)",
     )
+    parser.add_argument(
+        "--ablate-only",
+        metavar="NAMES",
+        help="the ablation for these mechanisms alone (comma list), against this run; printed "
+        "only (the committed table holds every mechanism from one run)",
+    )
     return parser
 
 
@@ -297,7 +304,10 @@ def main(argv: list[str] | None = None) -> int:
             writer.writerows(results)
         write_md(block)
         plot(results, PNG_OUT)
-    if args.ablate:
+    if args.ablate_only:
+        named = parse_mechanisms(args.ablate_only, "ablate-only")
+        print(ablate(cases, results, argparse.Namespace(**{**vars(args), "no_write": True}), named))
+    elif args.ablate:
         ablation = ablate(cases, results, args)
         print(ablation)
         if not args.no_write:
@@ -305,12 +315,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def ablate(cases: list[Case], base: list[dict[str, Any]], args: argparse.Namespace) -> str:
+def ablate(
+    cases: list[Case],
+    base: list[dict[str, Any]],
+    args: argparse.Namespace,
+    mechanisms: Iterable[Mechanism] = tuple(Mechanism),
+) -> str:
     """The same rows once per mechanism switched off; its table, and every row's error with
     each mechanism off in reference_ablation.csv."""
     off: dict[str, list[dict[str, Any]]] = {}
-    for i, mechanism in enumerate(Mechanism, 1):
-        print(f"[ablation {i}/{len(Mechanism)}] without {mechanism}", file=sys.stderr)
+    todo = list(mechanisms)
+    for i, mechanism in enumerate(todo, 1):
+        print(f"[ablation {i}/{len(todo)}] without {mechanism}", file=sys.stderr)
         off[str(mechanism)] = simulate_all(cases, args.jobs, args.protocol, frozenset({mechanism}))
     if not args.no_write:
         rows = [
