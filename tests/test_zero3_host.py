@@ -97,3 +97,15 @@ def test_the_gpu_presets_take_the_committed_measurement() -> None:
         costs = presets.gpu(name).zero3_rank_host_s
         assert costs == {k: v["per_rank_s"] for k, v in fitted.items()}
         assert all(1e-7 < s < 1e-4 for s in costs.values())  # microseconds, as Python is
+
+
+def test_qgz_on_one_node_reduce_scatters_and_walks_in_both_tiers() -> None:
+    """qgZ averages across nodes only (stage3.py: `num_nodes > 1`); on one node the gradients
+    are reduce-scattered as plain ZeRO-3, with its walk, in the simulation and the closed form."""
+    slow = replace(GPU, zero3_rank_host_s={k: 1e4 * v for k, v in COSTS.items()})
+    topo = presets.topology("1x8-nvlink")
+    knobs = replace(ParallelConfig().knobs, quantized_gradients=True)
+    cfg = ParallelConfig(dp=8, zero_stage=3, knobs=knobs)
+    walks = 8 * 1e4 * 16 * COSTS["reduce"]  # the 16 gradients, over 8 ranks
+    assert simulate(MLP, cfg, topo, slow).step_time_s > walks
+    assert Estimator(MLP, topo, slow).estimate(cfg).step_s > walks

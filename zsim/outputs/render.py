@@ -244,14 +244,12 @@ def print_run(r: dict[str, Any]) -> None:
             "exposed communication",
             f"{r['exposed_comm_s'] * 1e3:,.2f} ms ({r['exposed_comm_s'] / step:.0%})",
         ),
+        *_host_row(r),
         (
             "idle (pipeline bubble, waits)",
             f"{r['bubble_s'] * 1e3:,.2f} ms ({r['bubble_s'] / step:.0%})",
         ),
     ]
-    host = r["exposed_by_category_s"].get("host", 0.0)
-    if host > 0:  # counted in the exposed time: the GPU waits for it as for a collective
-        rows.insert(5, ("  of it the host's own work", f"{host * 1e3:,.2f} ms ({host / step:.0%})"))
     for key, value in sorted(r["traffic_GB_per_gpu"].items()):
         rows.append((f"sent per GPU: {key}", f"{value:,.3f} GB"))
     for key, value in sorted(r["link_traffic_GB"].items()):
@@ -300,6 +298,15 @@ def _run_header(r: dict[str, Any]) -> str:
         + (" --no-gradient-accumulation-fusion" if "grad_accumulation_fusion" in p else "")
         + (f", without {', '.join(p['without'])}" if p.get("without") else "")
     )
+
+
+def _host_row(r: dict[str, Any]) -> list[tuple[str, str]]:
+    """The host's own work, counted in the exposed time (the GPU waits for it as for a
+    collective): a row of its own where there is any."""
+    host, step = r["exposed_by_category_s"].get("host", 0.0), r["step_time_s"]
+    if host <= 0:
+        return []
+    return [("  of it the host's own work", f"{host * 1e3:,.2f} ms ({host / step:.0%})")]
 
 
 HOST_WORK = "the host's own work (DeepSpeed's per-rank bookkeeping: zsim.step.zero3_host)"

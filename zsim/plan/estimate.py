@@ -262,8 +262,8 @@ class Estimator:
             exposed, sent = zero3_terms(
                 cfg, self.device, collective, groups, sizes, gathered, passes, averaged, slows
             )
-            ranks = (len(group), len(later))
-            exposed += zero3_host_s(self.job(cfg, stage), gathered, ranks, passes)
+            ranks, scattered = (len(group), len(later)), averaged is None
+            exposed += zero3_host_s(cfg, self.device, self.gloo, gathered, ranks, passes, scattered)
         elif n > 1:
             exposed = self._reduce(cfg, stage, group, params, backward, slow)
             reductions = cfg.grad_accum if cfg.zero_stage is ZeroStage.GRADIENTS else 1

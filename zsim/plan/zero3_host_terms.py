@@ -11,34 +11,39 @@ not in this bound.
 
 from __future__ import annotations
 
+from zsim.cluster.device import ZERO3_HOST_COSTS, DeviceProfile
 from zsim.plan.zero3_terms import Gathered
-from zsim.step.job import StageJob
 from zsim.step.zero3_host import rank_host_costs
+from zsim.workload.parallel import ParallelConfig
 
 
 def zero3_host_s(
-    job: StageJob,
+    cfg: ParallelConfig,
+    device: DeviceProfile,
+    gloo: bool,
     gathered: Gathered,
     ranks: tuple[int, int],
     passes: tuple[float, float],
+    scattered: bool,
 ) -> float:
     """Seconds a step's passes wait for the host beyond their own time: `ranks` are the first
     forward's gather group and the later gathers' (hpZ's secondary group), `passes` a
-    micro-step's forward and backward."""
-    costs = rank_host_costs(job)
+    micro-step's forward and backward, `scattered` whether the gradients are reduce-scattered
+    (not where qgZ averages them tensor by tensor)."""
+    costs = rank_host_costs(cfg, device, gloo)
     if not costs:
         return 0.0
-    cfg, (first, later), (forward, backward) = job.cfg, ranks, passes
-    issue, wait, reduce = (costs.get(k, 0.0) for k in ("gather_issue", "gather_wait", "reduce"))
+    (first, later), (forward, backward) = ranks, passes
+    issue, wait, reduce = (costs.get(k, 0.0) for k in ZERO3_HOST_COSTS)
     quantized = cfg.knobs.quantized_weights  # qwZ's gathers walk no ranks here
     f_calls, f_tensors, b_calls, b_tensors = (0, 0, 0, 0) if quantized else gathered.coalesced
 
     def walks(n: int, calls: int, tensors: int) -> float:
         return n * (calls * issue + tensors * wait) if n > 1 else 0.0
 
-    averaged = job.qgz_nodes or cfg.dp <= 1  # qgZ averages tensor by tensor: no walk
-    reduced = 0.0 if averaged else cfg.dp * len(job.tensors()) * reduce
-    host_b = walks(later, b_calls, b_tensors) + reduced
+    host_b = walks(later, b_calls, b_tensors) + (
+        cfg.dp * gathered.tensors * reduce if scattered else 0.0
+    )
     over = max(0.0, walks(first, f_calls, f_tensors) - forward)
     over += (cfg.grad_accum - 1) * max(0.0, walks(later, f_calls, f_tensors) - forward)
     return over + cfg.grad_accum * max(0.0, host_b - backward)

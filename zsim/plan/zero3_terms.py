@@ -41,9 +41,10 @@ class Gathered:
     backward: float
     forward_blocking: tuple[float, ...] = ()
     backward_blocking: tuple[float, ...] = ()
-    # coalesced calls (more than one parameter) and their parameters, forward then backward:
-    # what the host walks the ranks for (`zero3_host_terms`)
+    # coalesced calls (more than one parameter) and their parameters, forward then backward,
+    # and the rank's parameter tensors: what the host walks the ranks for (`zero3_host_terms`)
     coalesced: tuple[int, int, int, int] = (0, 0, 0, 0)
+    tensors: int = 0
 
 
 def zero3_terms(
@@ -164,6 +165,7 @@ class GatherSums:
     def __init__(self, model: ModelSpec) -> None:
         self.model = model
         self._gathers: dict[tuple[object, ...], list[tuple[int, bool, bool, int]]] = {}
+        self._tensors: dict[tuple[object, ...], int] = {}  # the rank's parameter tensors
         self._replays: dict[tuple[object, ...], list[tuple[int, bool, bool, int]]] = {}
         self._sums: dict[tuple[object, ...], Gathered] = {}
 
@@ -174,6 +176,7 @@ class GatherSums:
         key += (k.max_live_parameters, k.max_reuse_distance)
         if key not in self._gathers:  # (elements, in the forward, blocking, tensors) a call
             chunk = rank_chunks(self.model, cfg, stage)[0]
+            self._tensors[key] = sum(len(layer.tensors) for layer in chunk)
             trace = tuple(module_trace(self.model, cfg, chunk))
             replayed = (trace, k)  # recompute and sequence parallelism often leave it alike
             if replayed not in self._replays:
@@ -196,8 +199,7 @@ class GatherSums:
                 if tensors > 1:
                     coalesced[2 * side] += 1
                     coalesced[2 * side + 1] += tensors
-            found = Gathered(sides[0], sides[1], tuple(blocking[0]), tuple(blocking[1]))
             calls = (coalesced[0], coalesced[1], coalesced[2], coalesced[3])
-            found = replace(found, coalesced=calls)
-            self._sums[padded] = found
+            found = Gathered(sides[0], sides[1], tuple(blocking[0]), tuple(blocking[1]), calls)
+            self._sums[padded] = replace(found, tensors=self._tensors[key])
         return self._sums[padded]

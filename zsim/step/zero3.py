@@ -239,11 +239,11 @@ class ParameterGathers:
     def _issue_into_flight(self, g: Gather, deps: list[Task], tag: str) -> Task:
         """Issue `g` from the allgather stream: its NCCL stream first waits for the work
         enqueued there before (ProcessGroupNCCL syncs with the current stream)."""
-        ranks = self._group(g)[1]
+        group, ranks = self._group(g)
         if g.coalesced and not self.job.cfg.knobs.quantized_weights:
             views = self.host.charge("gather_issue", ranks, 1, [])
             deps = [*deps, *([views] if views else [])]
-        task = self._issue(g, [*deps, *self._copies], tag)
+        task = self._issue(g, group, ranks, [*deps, *self._copies], tag)
         for k in g.keys:
             self._inflight[k] = task
         if g.coalesced:
@@ -295,11 +295,10 @@ class ParameterGathers:
             return Group.HPZ, knobs.hpz_partition_size
         return Group.DP, job.cfg.dp
 
-    def _issue(self, g: Gather, deps: list[Task], tag: str) -> Task:
-        """One all-gather call on its group (`_group`); with qwZ as int8 values and fp32
-        scales, two calls, the shard quantized first."""
+    def _issue(self, g: Gather, group: Group, ranks: int, deps: list[Task], tag: str) -> Task:
+        """One all-gather call on its group (`_group`: `ranks` of them); with qwZ as int8
+        values and fp32 scales, two calls, the shard quantized first."""
         job, knobs = self.job, self.job.cfg.knobs
-        group, ranks = self._group(g)
         padded = job.padded(g.numel)  # padded to dp even for hpZ's secondary (PP:1693)
         name, cat = f"{tag}.gather", Category.PARAM_GATHER
         if not knobs.quantized_weights:

@@ -23,18 +23,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from zsim.cluster.device import DeviceProfile
 from zsim.step.job import StageJob
 from zsim.step.program import Category, ProgramWriter, Stream, Task
 from zsim.workload.mechanisms import Mechanism
-from zsim.workload.parallel import DpEngine, ZeroStage
+from zsim.workload.parallel import DpEngine, ParallelConfig, ZeroStage
 
 
-def rank_host_costs(job: StageJob) -> dict[str, float]:
+def rank_host_costs(cfg: ParallelConfig, device: DeviceProfile, gloo: bool) -> dict[str, float]:
     """Seconds per rank of each piece of bookkeeping, where it applies (else none)."""
-    cfg = job.cfg
     applies = cfg.zero_stage is ZeroStage.PARAMETERS and cfg.dp_engine is DpEngine.DEEPSPEED
-    applies &= cfg.dp > 1 and not job.gloo and cfg.models(Mechanism.ZERO3_HOST)
-    return dict(job.device.zero3_rank_host_s) if applies else {}
+    applies &= cfg.dp > 1 and not gloo and cfg.models(Mechanism.ZERO3_HOST)
+    return dict(device.zero3_rank_host_s) if applies else {}
 
 
 class HostChain:
@@ -42,7 +42,7 @@ class HostChain:
 
     def __init__(self, job: StageJob, writer: ProgramWriter) -> None:
         self.writer = writer
-        self.costs = rank_host_costs(job)
+        self.costs = rank_host_costs(job.cfg, job.device, job.gloo)
         self.last: Task | None = None
 
     def charge(self, cost: str, ranks: int, tensors: int, deps: Sequence[Task]) -> Task | None:
