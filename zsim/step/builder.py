@@ -12,14 +12,13 @@ semantics: the parts of the step, each a module of its own, put together in issu
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from functools import partial
 from typing import Protocol
 
 from zsim.cluster.device import DeviceProfile
 from zsim.network.collective import CollectiveOp
 from zsim.step.fsdp import FsdpReduce, FsdpUnshard
 from zsim.step.job import StageJob
-from zsim.step.kernels import LayerKernels
+from zsim.step.kernels import Ended, LayerKernels
 from zsim.step.megatron_dp import MegatronGradSync, MegatronParamSync
 from zsim.step.optimizer import grad_norm, optimizer_step, post_step_gather
 from zsim.step.pipeline import (
@@ -32,7 +31,7 @@ from zsim.step.pipeline import (
 )
 from zsim.step.program import Category, Comm, Group, Program, ProgramWriter, Task
 from zsim.step.zero3 import ParameterGathers
-from zsim.step.zero_reduce import GradientReducer, Reducer
+from zsim.step.zero_reduce import GradientReducer, ParameterHooks, Reducer
 from zsim.workload.fp8 import AMAX_KERNELS, amax_bytes
 from zsim.workload.mechanisms import Mechanism
 from zsim.workload.model import ComputeOp, Layer, ModelSpec
@@ -105,16 +104,10 @@ class _Passes:
                 if synced:
                     done = [*done, *self.param_sync.wait(layer, done)]
                 done = [
-                    *done,
-                    *self.gathers.enter(layer, work.forward, done, f"{tag}.{layer.name}"),
+                    self._layer(
+                        layer, work.forward, done, f"{tag}.{layer.name}", hooks, accumulating
+                    )
                 ]
-                gather = partial(self.gathers.use, layer, tag=f"{tag}.{layer.name}")
-                task = self.kernels.layer_pass(
-                    writer, layer, work.forward, done, f"{tag}.{layer.name}", gather, accumulating
-                )
-                if hooks:
-                    task = self.reducer.grads_ready(layer, task) or task
-                done = [task]
         done = self._amax_reduce(layers, work.forward, done, tag)
         if hooks:
             self.reducer.flush()  # the backward epilogue reduces what is left in the bucket
@@ -123,6 +116,30 @@ class _Passes:
             done = self._accumulate(layers, accumulating, done)
         self._previous = done
         return done[0]
+
+    def _layer(
+        self, layer: Layer, forward: bool, done: list[Task], tag: str, hooks: bool, adds: bool
+    ) -> Task:
+        """One layer's pass, its gathers waited for and (`hooks`) its gradients reduced as its
+        backward produces them, per submodule with DeepSpeed's (`adds`: into `.grad`)."""
+        done = [*done, *self.gathers.enter(layer, forward, done, tag)]
+
+        def gather(op: ComputeOp, last: list[Task], ended: Ended) -> list[Task]:  # noqa: ARG001
+            return self.gathers.use(layer, op, last, tag)
+
+        per_parameter = hooks and isinstance(self.reducer, GradientReducer)
+        grads = ParameterHooks(self.reducer, layer)  # used where `per_parameter`
+
+        def hooked(op: ComputeOp, last: list[Task], ended: Ended) -> list[Task]:
+            return [*grads.before(op, ended), *gather(op, last, ended)]
+
+        backward = hooked if per_parameter else None
+        task = self.kernels.layer_pass(
+            self.writer, layer, forward, done, tag, gather, adds, backward
+        )
+        if hooks:
+            task = self.reducer.grads_ready(grads.rest() if per_parameter else layer, task) or task
+        return task
 
     def _epilogue(self, done: list[Task], tag: str) -> list[Task]:
         """What a backward with reduction hooks waits for before the host goes on."""

@@ -44,8 +44,10 @@ from zsim.workload.parallel import Precision
 from zsim.workload.te_overlap import gemm_slowdown
 
 H = TypeVar("H")
-Gather = Callable[[ComputeOp, list[Task]], list[Task]]
-"""ZeRO-3's hook at an op: the gathers to wait for before it (none outside stage 3)."""
+Ended = Callable[[], list[Task]]
+Gather = Callable[[ComputeOp, list[Task], Ended], list[Task]]
+"""ZeRO's hooks before an op, given the tasks so far and `ended` (the kernels before it as a
+task): what it waits for (ZeRO-3's gathers, a gradient hook's host work)."""
 
 
 class LayerKernels:
@@ -123,7 +125,7 @@ class LayerKernels:
         category: Category,
         deps: list[H],
         tag: str,
-        gather: Callable[[ComputeOp, list[H]], list[H]] | None = None,
+        gather: Callable[[ComputeOp, list[H], Callable[[], list[H]]], list[H]] | None = None,
         accumulating: bool = False,
     ) -> H:
         """Compute segments, split at TP communication points and (through `gather`) ZeRO-3
@@ -131,7 +133,7 @@ class LayerKernels:
         scale = self.measured_scale(layer, forward, ops, accumulating)
         tp = _TpCollectives(self, emit, forward, category, tag, scale, deps)
         for op in ops:
-            gathers = gather(op, tp.last) if gather else []
+            gathers = gather(op, tp.last, tp.ended) if gather else []
             if gathers:
                 tp.flush()
                 tp.last = tp.last + gathers
@@ -151,9 +153,10 @@ class LayerKernels:
         tag: str,
         gather: Gather,
         accumulating: bool = False,
+        hooks: Gather | None = None,
     ) -> Task:
         """One layer's forward, or its backward with any recompute replay first
-        (`accumulating`: its gradients add into `.grad`)."""
+        (`accumulating`: its gradients add into `.grad`; `hooks`: the backward's own)."""
         passes = layer_passes(self.job.model, self.job.cfg, layer)
         if forward:
             return self.run_ops(
@@ -166,16 +169,10 @@ class LayerKernels:
                     writer, layer, replay, True, Category.RECOMPUTE, deps, f"{tag}.re", gather
                 )
             ]
+        backward, category = passes.backward, Category.BACKWARD
+        hooked = hooks or gather
         return self.run_ops(
-            writer,
-            layer,
-            passes.backward,
-            False,
-            Category.BACKWARD,
-            deps,
-            tag,
-            gather,
-            accumulating,
+            writer, layer, backward, False, category, deps, tag, hooked, accumulating
         )
 
     def fused_pass(
@@ -286,6 +283,10 @@ class _TpCollectives(Generic[H]):
             name = f"{self.tag}.{self.segment[0].name}"
             self.last = [self.emit.compute(name, seconds, self.category, self.last, sm_share=share)]
             self.segment = []
+
+    def ended(self) -> list[H]:
+        self.flush()
+        return self.last
 
     def _gemm(self, op: ComputeOp, share: float, deps: list[H], part: str) -> H:
         seconds = share * self._seconds([op])

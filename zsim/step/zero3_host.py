@@ -15,8 +15,10 @@ after the other (`HostChain`); a gather is issued, a module's kernels launched a
 reduce-scattered only after the host got there. The coordinator throttles on its fetches
 (partitioned_param_coordinator.py:400-406: with more than two fetch events in flight, the
 host waits for the oldest, recorded after a module's wait work on the allgather stream): a
-module's wait work starts once the previous module's copy-out is done. GPU ranks only: a
-CPU rank's measured engine host time (`StageJob.engine_host_s`) holds its own.
+module's wait work starts once the previous module's copy-out is done; the gradient hooks
+throttle on their reductions (`zero_reduce`, `max_param_reduce_events`), holding the host
+too, not the device, which runs what was launched before. GPU ranks only: a CPU rank's
+measured engine host time (`StageJob.engine_host_s`) holds its own.
 """
 
 from __future__ import annotations
@@ -30,10 +32,16 @@ from zsim.workload.mechanisms import Mechanism
 from zsim.workload.parallel import DpEngine, ParallelConfig, ZeroStage
 
 
+def host_thread_modelled(cfg: ParallelConfig, gloo: bool) -> bool:
+    """Whether the rank's host thread is a stream of its own: DeepSpeed ZeRO-3 on GPU ranks,
+    where the host runs ahead of the device until a throttle holds it."""
+    zero3 = cfg.zero_stage is ZeroStage.PARAMETERS and cfg.dp_engine is DpEngine.DEEPSPEED
+    return zero3 and not gloo
+
+
 def rank_host_costs(cfg: ParallelConfig, device: DeviceProfile, gloo: bool) -> dict[str, float]:
     """Seconds per rank of each piece of bookkeeping, where it applies (else none)."""
-    applies = cfg.zero_stage is ZeroStage.PARAMETERS and cfg.dp_engine is DpEngine.DEEPSPEED
-    applies &= cfg.dp > 1 and not gloo and cfg.models(Mechanism.ZERO3_HOST)
+    applies = host_thread_modelled(cfg, gloo) and cfg.dp > 1 and cfg.models(Mechanism.ZERO3_HOST)
     return dict(device.zero3_rank_host_s) if applies else {}
 
 
@@ -42,6 +50,7 @@ class HostChain:
 
     def __init__(self, job: StageJob, writer: ProgramWriter) -> None:
         self.writer = writer
+        self.active = host_thread_modelled(job.cfg, job.gloo)
         self.costs = rank_host_costs(job.cfg, job.device, job.gloo)
         self.last: Task | None = None
 
@@ -54,12 +63,19 @@ class HostChain:
         self.last = self.writer.compute(f"host_{cost}", seconds, Category.HOST, after, Stream.HOST)
         return self.last
 
+    def wait(self, name: str, deps: Sequence[Task]) -> Task | None:
+        """The host blocks until `deps` are done (an event's `synchronize()`); its later work,
+        and the kernels it launches after, start no earlier."""
+        if not self.active or not deps:
+            return None
+        after = [*deps, *self.issued()]
+        self.last = self.writer.compute(name, 0.0, Category.HOST, after, Stream.HOST)
+        return self.last
+
     def sync(self, deps: Sequence[Task]) -> None:
         """The host waited for the device (a micro-step starts after the last backward
         returned): its later work starts no earlier."""
-        if self.costs and deps:
-            after = [*deps, *self.issued()]
-            self.last = self.writer.compute("host_sync", 0.0, Category.HOST, after, Stream.HOST)
+        self.wait("host_sync", deps)
 
     def issued(self) -> list[Task]:
         """What a kernel the host launches now waits for: the host's work before it."""

@@ -18,13 +18,14 @@ out (their call latency: 0.07 ms on `cpu-2rank`). ZeRO-3 too: `reduce_scatter_co
 interleaves and divides whatever the world size (`runtime/comm/coalesced_collectives.py`).
 
 `GradientReducer` holds the IPG bucket and what it has reduced; the step calls it as the
-backward produces gradients and at the accumulation boundary.
+backward produces gradients (`ParameterHooks`: per submodule, as DeepSpeed's per-parameter
+hooks run) and at the accumulation boundary.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from zsim.network.collective import CollectiveOp
@@ -32,7 +33,7 @@ from zsim.step.job import StageJob
 from zsim.step.program import Category, Comm, Group, ProgramWriter, Stream, Task
 from zsim.step.qgz import quantized_average, quantizes
 from zsim.step.zero3_host import HostChain
-from zsim.workload.model import Layer, LayerKind, ParamTensor
+from zsim.workload.model import ComputeOp, Layer, LayerKind, ParamTensor, module_of
 from zsim.workload.parallel import STAGE0_ALLREDUCE_BUCKET_NUMEL, ZeroStage
 
 MAX_PARAM_REDUCE_EVENTS = 2
@@ -57,6 +58,34 @@ class _Bucket:
     numel: int = 0
     ready: list[Task] = field(default_factory=list)
     tensors: list[ParamTensor] = field(default_factory=list)  # in the order they came
+
+
+class ParameterHooks:
+    """DeepSpeed's gradient hooks, one per parameter (`register_grad_hook`: stage3.py,
+    stage_1_and_2.py), run as autograd accumulates each gradient: a submodule's gradients
+    reach the IPG bucket once the backward's run of kernels that read it has ended (its
+    AccumulateGrad nodes run next), not at the end of the layer."""
+
+    def __init__(self, reducer: Reducer, layer: Layer) -> None:
+        self.reducer, self.layer = reducer, layer
+        self.waiting = layer.tensors  # whose hooks have not run, in the layer's order
+        self.running: set[str] = set()  # submodules whose backward kernels are running
+
+    def before(self, op: ComputeOp, ended: Callable[[], list[Task]]) -> list[Task]:
+        """Before `op`: the hooks of the submodules whose run it ends (`ended`: the kernels
+        so far as a task); what `op`'s launch waits for (the host's part of the hooks)."""
+        over = self.running - set(op.modules)
+        self.running = (self.running - over) | set(op.modules)
+        ready = tuple(t for t in self.waiting if module_of(t) in over)
+        if not ready:
+            return []
+        self.waiting = tuple(t for t in self.waiting if module_of(t) not in over)
+        wait = self.reducer.grads_ready(replace(self.layer, tensors=ready), ended()[0])
+        return [wait] if wait else []
+
+    def rest(self) -> Layer:
+        """The layer's parameters whose hooks run after its last kernel."""
+        return replace(self.layer, tensors=self.waiting)
 
 
 class GradientReducer:
@@ -121,10 +150,8 @@ class GradientReducer:
         throttled, waited = self._throttled(), []
         if throttled and len(self._flushes) > MAX_PARAM_REDUCE_EVENTS:
             waited = [self._flushes[-(MAX_PARAM_REDUCE_EVENTS + 1)]]  # the host waits for it
-            self._host_wait = writer.compute(
-                "reduce_throttle", 0.0, Category.BACKWARD, [*ready, *waited]
-            )
-            ready = [self._host_wait]
+            self._host_wait = self._throttle(ready, waited)
+            ready = [*ready, self._host_wait]
         if self.host is not None and not job.qgz_nodes:  # reduce_scatter_coalesced's walk
             walk = self.host.charge("reduce", cfg.dp, len(tensors), waited)
             if walk is not None:
@@ -149,6 +176,15 @@ class GradientReducer:
         self._last = writer.memory_pass("bucket_scatter", after, ready, work_stream)
         if throttled:
             self._flushes.append(self._last)
+
+    def _throttle(self, ready: list[Task], waited: list[Task]) -> Task:
+        """The hook's `synchronize()` on the oldest reduction: the host thread blocks, where it
+        is modelled (ahead of the device, `zero3_host`); else the device waits at the flush."""
+        if self.host is not None:
+            blocked = self.host.wait("reduce_throttle", waited)
+            if blocked is not None:
+                return blocked
+        return self.writer.compute("reduce_throttle", 0.0, Category.BACKWARD, [*ready, *waited])
 
     def _calls(self, numel: int) -> list[Comm]:
         """The bucket's collectives (none where qgZ averages it tensor by tensor, or over one
