@@ -4,10 +4,12 @@ Expected orders and positions come from DeepSpeed 0.19.8's source, not from zsim
 stage 3 register one hook per parameter (`register_grad_hook`), which autograd runs right
 after the node that computed the gradient; each hook adds the gradient to the IPG bucket after
 the reduction stream waited for the compute stream (`__add_grad_to_ipg_bucket`), and flushes
-the bucket first when the gradient would overflow `reduce_bucket_size`; a gradient larger than
-the bucket is reduced alone. With a bucket of one element every gradient is its own flush, so
-a transformer block's backward (fc2, then fc1, ln2, proj, qkv, ln1) reduces fc2's gradients
-once fc2's kernels have run, long before the block's backward ends. ZeRO-3's throttle on its
+the bucket first when the gradient would overflow `reduce_bucket_size` (a larger gradient
+joins the empty bucket and goes with the next hook). With a bucket of one element every
+gradient is its own flush, made by the next gradient's hook: a transformer block's backward
+runs fc2, fc1, ln2, proj, qkv, ln1, so fc2's weight gradient, the block's first large one, is
+reduced once fc2's kernels have run (the host, ahead, flushes it at fc1's hooks), long before
+the block's backward ends. ZeRO-3's throttle on its
 reductions (`max_param_reduce_events`) is an `Event.synchronize()`: the host waits, not the
 device.
 """
@@ -58,8 +60,10 @@ def test_a_submodule_gradient_is_reduced_once_its_kernels_ran() -> None:
         kernels, reductions = _last_block_backward(stage)
         starts = {name.split(".")[-1]: start for name, start, _ in kernels}
         assert reductions
-        # fc2's gradients are the block's first: reduced once its kernels (those before the
-        # activation's backward) ran ...
+        # fc2's weight gradient, the block's first large one, is flushed by fc1's hooks, which
+        # the host reaches ahead of the device; the reduction stream waited for the compute
+        # stream when the gradient joined, so it runs once fc2's kernels (those before the
+        # activation's backward) have ...
         fc2_end = max(end for _, start, end in kernels if start < starts["activation_bwd"])
         assert reductions[0] >= fc2_end - 1e-12
         # ... not after the block's last kernel, ln1's backward

@@ -51,6 +51,28 @@ class Reducer(Protocol):
     def boundary_reduce(self, deps: list[Task]) -> list[Task]: ...
 
 
+def flushes_before(held: int, numel: int, size: int) -> bool:
+    """A gradient of `numel` elements that would overflow reduce_bucket_size flushes the
+    bucket before it joins (stage3.py `reduce_independent_p_g_buckets_and_remove_grads`,
+    stage_1_and_2.py's alike). A gradient larger than the bucket joins an empty one, and goes
+    with the next gradient's hook or the backward's epilogue (stage 1/2 reduce it directly
+    then, `extra_large_param_to_reduce`)."""
+    return held > 0 and held + numel > size
+
+
+def flush_sizes(numels: Sequence[int], size: int) -> list[int]:
+    """The elements of each flush of a backward whose gradients come in this order, the
+    epilogue's flush of the rest last."""
+    flushes: list[int] = []
+    held = 0
+    for numel in numels:
+        if flushes_before(held, numel, size):
+            flushes.append(held)
+            held = 0
+        held += numel
+    return [*flushes, held] if held else flushes
+
+
 @dataclass
 class _Bucket:
     """Gradients waiting in DeepSpeed's IPG bucket."""
@@ -122,21 +144,17 @@ class GradientReducer:
         return [self._last] if self._last else []
 
     def grads_ready(self, layer: Layer, done: Task) -> Task | None:
-        """The IPG bucket: flush before a gradient that would overflow reduce_bucket_size; a
-        gradient larger than the bucket is reduced alone (stage_1_and_2.py:1414-1450,
-        stage3.py:1569-1645). Returns the host's wait when a flush was throttled: the
-        backward's next kernels are issued after it."""
+        """The IPG bucket (`flushes_before`). Returns the host's wait when a flush was
+        throttled: the backward's next kernels are issued after it."""
         self._host_wait = None
         size = self.job.cfg.knobs.reduce_bucket_size
         for tensor in reversed(layer.tensors):
             numel = tensor.per_rank(self.job.cfg.tp)
-            if self._bucket.numel and self._bucket.numel + numel > size:
+            if flushes_before(self._bucket.numel, numel, size):
                 self.flush()
             self._bucket.numel += numel
             self._bucket.tensors.append(tensor)
             self._bucket.ready = [done]
-            if numel > size:
-                self.flush()
         return self._host_wait
 
     def flush(self, deps: Sequence[Task] = ()) -> None:
