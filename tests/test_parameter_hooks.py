@@ -81,7 +81,7 @@ def test_the_reduction_throttle_holds_the_host() -> None:
     assert not any(d.stream is Stream.COMPUTE for t in throttles for d in t.deps)
 
 
-def test_without_a_host_thread_the_device_waits_at_the_flush() -> None:
+def test_cpu_ranks_throttle_on_no_reduction_events() -> None:
     """On gloo (CPU ranks) DeepSpeed records no reduction events: no throttle at all."""
     cpu = dataclasses.replace(GPU, backend="gloo")
     cfg = ParallelConfig(dp=16, zero_stage=3, knobs=ONE_ELEMENT_BUCKETS)

@@ -127,7 +127,8 @@ class _Passes:
         def gather(op: ComputeOp, last: list[Task], ended: Ended) -> list[Task]:  # noqa: ARG001
             return self.gathers.use(layer, op, last, tag)
 
-        per_parameter = hooks and isinstance(self.reducer, GradientReducer)
+        # DeepSpeed's and Megatron-Core's hooks are per parameter; FSDP's per unit (a layer)
+        per_parameter = hooks and isinstance(self.reducer, GradientReducer | MegatronGradSync)
         grads = ParameterHooks(self.reducer, layer)  # used where `per_parameter`
 
         def hooked(op: ComputeOp, last: list[Task], ended: Ended) -> list[Task]:

@@ -128,8 +128,8 @@ class LayerKernels:
         gather: Callable[[ComputeOp, list[H], Callable[[], list[H]]], list[H]] | None = None,
         accumulating: bool = False,
     ) -> H:
-        """Compute segments, split at TP communication points and (through `gather`) ZeRO-3
-        parameter gathers; `emit` makes tasks, or times a fused pass."""
+        """Compute segments, split at TP communication points and (through `gather`) ZeRO-3's
+        parameter gathers and ZeRO's gradient hooks; `emit` makes tasks, or times a fused pass."""
         scale = self.measured_scale(layer, forward, ops, accumulating)
         tp = _TpCollectives(self, emit, forward, category, tag, scale, deps)
         for op in ops:
