@@ -6,14 +6,14 @@ and waits: the forward's first module, the embedding, at least), for the prefetc
 forward they run behind, and for the backward's prefetches and reduce-scatters beyond the
 backward: the reduce-scatters start when the first bucket is full, after the prefetches on one
 NCCL stream (an mpu) or on one group's links, beside them otherwise (two communicators, hpZ's
-prefetches inside the node: `_backward_comm_end`). Each gather and each reduce-scatter (one per
-flush of the IPG bucket, `zero_reduce.flush_sizes`) pays its own latency, as in the simulation:
-at a thousand ranks a call's ring latency is milliseconds. With hpZ only the first forward after a
-step gathers over every data-parallel rank; every later gather runs in the rank's secondary
-group of h consecutive ranks (its parameters' secondary partition exists from their first
-release to the step: `zsim.step.zero3`). qwZ gathers int8 values and fp32 scales, paying a
-quantize on the gather stream and a dequantize on the compute stream at the device's copy
-rate.
+prefetches inside the node: `_backward_comm_end`). Each gather and each reduce-scatter (one
+per flush of the IPG bucket, `zero_reduce.flush_sizes`) pays its own latency, as in the
+simulation: at a thousand ranks a call's ring latency is milliseconds. With hpZ only the
+first forward after a step gathers over every data-parallel rank; every later gather runs in
+the rank's secondary group of h consecutive ranks (its parameters' secondary partition exists
+from their first release to the step: `zsim.step.zero3`). qwZ gathers int8 values and fp32
+scales, paying a quantize on the gather stream and a dequantize on the compute stream at the
+device's copy rate.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def zero3_terms(
     else:
         (scatter, scattered, across), buckets = (
             averaged,
-            math.ceil(params / cfg.knobs.reduce_bucket_size),
+            max(1, math.ceil(params / cfg.knobs.reduce_bucket_size)),
         )
     # beyond the backward they overlap, the last bucket's in any case (stage3.py synchronizes)
     shared = across if later is everyone else 0.0  # on the gathers' links (hpZ: inside nodes)
