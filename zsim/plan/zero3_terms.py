@@ -227,8 +227,12 @@ class GatherSums:
         blocking: tuple[list[float], list[float]] = ([], [])
         prefetches: tuple[Counter[float], Counter[float]] = (Counter(), Counter())
         coalesced = [0, 0, 0, 0]  # calls and tensors, forward then backward
+
+        def padded(numel: int) -> float:  # each rank's shard is ceil(numel / dp) elements
+            return float(-(-numel // dp) * dp)
+
         for numel, forward, waits, tensors in self._gathers[key]:
-            elements = float(-(-numel // dp) * dp)
+            elements = padded(numel)
             side = 0 if forward else 1
             sides[side] += elements
             if waits:
@@ -238,7 +242,7 @@ class GatherSums:
             if tensors > 1:
                 coalesced[2 * side] += 1
                 coalesced[2 * side + 1] += tensors
-        flushes = Counter(float(-(-n // dp) * dp) for n in flush_sizes(self._order[key], bucket))
+        flushes = Counter(padded(n) for n in flush_sizes(self._order[key], bucket))
         return Gathered(
             sides[0],
             sides[1],

@@ -127,19 +127,12 @@ class _Passes:
         def gather(op: ComputeOp, last: list[Task], ended: Ended) -> list[Task]:  # noqa: ARG001
             return self.gathers.use(layer, op, last, tag)
 
-        # DeepSpeed's and Megatron-Core's hooks are per parameter; FSDP's per unit (a layer)
-        per_parameter = hooks and isinstance(self.reducer, GradientReducer | MegatronGradSync)
-        grads = ParameterHooks(self.reducer, layer)  # used where `per_parameter`
-
-        def hooked(op: ComputeOp, last: list[Task], ended: Ended) -> list[Task]:
-            return [*grads.before(op, ended), *gather(op, last, ended)]
-
-        backward = hooked if per_parameter else None
-        task = self.kernels.layer_pass(
-            self.writer, layer, forward, done, tag, gather, adds, backward
-        )
+        grads = None  # DeepSpeed's and Megatron-Core's hooks are per parameter, FSDP's per unit
+        if hooks and isinstance(self.reducer, GradientReducer | MegatronGradSync):
+            grads = ParameterHooks(self.reducer, layer, gather)
+        task = self.kernels.layer_pass(self.writer, layer, forward, done, tag, gather, adds, grads)
         if hooks:
-            task = self.reducer.grads_ready(grads.rest() if per_parameter else layer, task) or task
+            task = self.reducer.grads_ready(grads.rest() if grads else layer, task) or task
         return task
 
     def _epilogue(self, done: list[Task], tag: str) -> list[Task]:

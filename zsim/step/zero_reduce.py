@@ -24,12 +24,13 @@ hooks run) and at the accumulation boundary.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from zsim.network.collective import CollectiveOp
 from zsim.step.job import StageJob
+from zsim.step.kernels import Ended, Gather
 from zsim.step.program import Category, Comm, Group, ProgramWriter, Stream, Task
 from zsim.step.qgz import quantized_average, quantizes
 from zsim.step.zero3_host import HostChain
@@ -83,17 +84,21 @@ class _Bucket:
 
 
 class ParameterHooks:
-    """DeepSpeed's gradient hooks, one per parameter (`register_grad_hook`: stage3.py,
-    stage_1_and_2.py), run as autograd accumulates each gradient: a submodule's gradients
-    reach the IPG bucket once the backward's run of kernels that read it has ended (its
-    AccumulateGrad nodes run next), not at the end of the layer."""
+    """Gradient hooks one per parameter (DeepSpeed's `register_grad_hook` in stage3.py and
+    stage_1_and_2.py, Megatron-Core's `_make_backward_post_hook`), run as autograd accumulates
+    each gradient: a submodule's gradients reach the reducer once the backward's run of
+    kernels that read it has ended (its AccumulateGrad nodes run next), not at the end of the
+    layer. Called before each op of the backward, after which `gather` (ZeRO-3's waits) runs."""
 
-    def __init__(self, reducer: Reducer, layer: Layer) -> None:
-        self.reducer, self.layer = reducer, layer
+    def __init__(self, reducer: Reducer, layer: Layer, gather: Gather) -> None:
+        self.reducer, self.layer, self.gather = reducer, layer, gather
         self.waiting = layer.tensors  # whose hooks have not run, in the layer's order
         self.running: set[str] = set()  # submodules whose backward kernels are running
 
-    def before(self, op: ComputeOp, ended: Callable[[], list[Task]]) -> list[Task]:
+    def __call__(self, op: ComputeOp, last: list[Task], ended: Ended) -> list[Task]:
+        return [*self.before(op, ended), *self.gather(op, last, ended)]
+
+    def before(self, op: ComputeOp, ended: Ended) -> list[Task]:
         """Before `op`: the hooks of the submodules whose run it ends (`ended`: the kernels
         so far as a task); what `op`'s launch waits for (the host's part of the hooks)."""
         over = self.running - set(op.modules)
@@ -168,7 +173,7 @@ class GradientReducer:
         throttled, waited = self._throttled(), []
         if throttled and len(self._flushes) > MAX_PARAM_REDUCE_EVENTS:
             waited = [self._flushes[-(MAX_PARAM_REDUCE_EVENTS + 1)]]  # the host waits for it
-            self._host_wait = self._throttle(ready, waited)
+            self._host_wait = self._throttle(waited)
             ready = [*ready, self._host_wait]
         if self.host is not None and not job.qgz_nodes:  # reduce_scatter_coalesced's walk
             walk = self.host.charge("reduce", cfg.dp, len(tensors), waited)
@@ -195,14 +200,12 @@ class GradientReducer:
         if throttled:
             self._flushes.append(self._last)
 
-    def _throttle(self, ready: list[Task], waited: list[Task]) -> Task:
-        """The hook's `synchronize()` on the oldest reduction: the host thread blocks, where it
-        is modelled (ahead of the device, `zero3_host`); else the device waits at the flush."""
-        if self.host is not None:
-            blocked = self.host.wait("reduce_throttle", waited)
-            if blocked is not None:
-                return blocked
-        return self.writer.compute("reduce_throttle", 0.0, Category.BACKWARD, [*ready, *waited])
+    def _throttle(self, waited: list[Task]) -> Task:
+        """The hook's `synchronize()` on the oldest reduction: the rank's host thread blocks
+        (`zero3_host`), the device runs on through what was launched before."""
+        blocked = self.host.wait("reduce_throttle", waited) if self.host else None
+        assert blocked is not None, "ZeRO-3 throttles on the host thread its gathers model"
+        return blocked
 
     def _calls(self, numel: int) -> list[Comm]:
         """The bucket's collectives (none where qgZ averages it tensor by tensor, or over one
