@@ -49,7 +49,7 @@ from zsim.cluster.topology import Topology, build_topology
 from zsim.inputs import presets
 from zsim.inputs.files import load_mapping
 from zsim.simulation import simulate
-from zsim.workload.mechanisms import Mechanism, parse_mechanisms
+from zsim.workload.mechanisms import Mechanism, consulted, parse_mechanisms
 
 PNG_OUT = RESULTS / "reference_runs.png"
 ABLATION_CSV = RESULTS / "reference_ablation.csv"
@@ -135,10 +135,11 @@ def run_case(
         if protocol is not None:
             topo = replace(topo, fabric=replace(topo.fabric, protocol=protocol), memo={})
         cfg = replace(case.parallel, without=case.parallel.without | without)
-        report = simulate(case.model, cfg, topo, gpu_profile(case.gpu))
+        with consulted() as asked:
+            report = simulate(case.model, cfg, topo, gpu_profile(case.gpu))
     except Exception as exc:  # a scenario zsim cannot run is a finding, recorded as such
         return outcome(case, None, f"zsim failed: {type(exc).__name__}: {exc}", start)
-    return outcome(case, report, "", start)
+    return outcome(case, report, "", start) | {"consulted": frozenset(asked)}
 
 
 def outcome(case: Case, report: Any, failure: str, start: float) -> dict[str, Any]:
@@ -212,7 +213,8 @@ def _parser() -> argparse.ArgumentParser:
         "--ablate",
         action="store_true",
         help="also simulate the rows once per mechanism with it switched off (the ablation "
-        "table and reference_ablation.csv)",
+        "table and reference_ablation.csv); a row whose simulation never asked about the "
+        "mechanism keeps its result",
     )
     parser.add_argument(
         "--ablate-only",
@@ -322,20 +324,46 @@ def ablate(
     mechanisms: Iterable[Mechanism] = tuple(Mechanism),
 ) -> str:
     """The same rows once per mechanism switched off; its table, and every row's error with
-    each mechanism off in reference_ablation.csv."""
+    each mechanism off in reference_ablation.csv. A row whose simulation never asked about a
+    mechanism is not simulated again without it: its result is the base run's."""
+    asked = consulted_by(cases, base)
+    done = {r["row_id"]: r for r in base}
     off: dict[str, list[dict[str, Any]]] = {}
+    asking: dict[str, set[str]] = {}
     todo = list(mechanisms)
     for i, mechanism in enumerate(todo, 1):
-        print(f"[ablation {i}/{len(todo)}] without {mechanism}", file=sys.stderr)
-        off[str(mechanism)] = simulate_all(cases, args.jobs, args.protocol, frozenset({mechanism}))
+        mine = [c for c in cases if mechanism in asked[c.row_id]]
+        print(
+            f"[ablation {i}/{len(todo)}] without {mechanism}: {len(mine)} of {len(cases)} rows "
+            "ask about it",
+            file=sys.stderr,
+        )
+        redone = simulate_all(mine, args.jobs, args.protocol, frozenset({mechanism}))
+        asking[str(mechanism)] = again = {r["row_id"] for r in redone}
+        off[str(mechanism)] = redone + [done[c.row_id] for c in cases if c.row_id not in again]
     if not args.no_write:
         rows = [
             {"row_id": r["row_id"], "without": name, "error_pct": r.get("error_pct", "")}
+            | {"simulated": r["row_id"] in asking[name]}
             for name, rs in off.items()
             for r in sorted(rs, key=lambda r: r["row_id"])
         ]
         write_csv(ABLATION_CSV, rows)
     return ablation_table(base, off)
+
+
+def consulted_by(cases: list[Case], base: list[dict[str, Any]]) -> dict[str, frozenset[str]]:
+    """The mechanisms each row's base simulation asked about, joined over the rows of equal
+    model and layout (zsim caches by them, so a later such row may not ask again); a row
+    that failed counts as asking about all."""
+    record = {r["row_id"]: r.get("consulted") for r in base}
+    joined: dict[tuple[Any, Any], set[str]] = {}
+    for c in cases:
+        asked = record.get(c.row_id)
+        joined.setdefault((c.model, c.parallel), set()).update(
+            set(Mechanism) if asked is None else asked
+        )
+    return {c.row_id: frozenset(joined[(c.model, c.parallel)]) for c in cases}
 
 
 if __name__ == "__main__":

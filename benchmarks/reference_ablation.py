@@ -31,7 +31,10 @@ def ablation_table(base: list[dict[str, Any]], off: Mapping[str, list[dict[str, 
         "|---|---|---|---|---|---|---|---|",
     ]
     for name, rows in off.items():
-        mine = [r for r in rows if r["status"] == "compared" and r["row_id"] in done]
+        mine = sorted(
+            (r for r in rows if r["status"] == "compared" and r["row_id"] in done),
+            key=lambda r: r["row_id"],  # ties in the largest move go to the first row
+        )
         m, med, _ = mape(mine)
         moves = [(float(r["error_pct"]) - float(done[r["row_id"]]["error_pct"]), r) for r in mine]
         moved = sum(abs(d) > 1.0 for d, _ in moves)

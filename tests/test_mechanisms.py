@@ -13,7 +13,7 @@ from zsim.errors import InputError
 from zsim.inputs import presets
 from zsim.simulation import simulate
 from zsim.step.job import StageJob
-from zsim.workload.mechanisms import MECHANISMS, Mechanism, parse_mechanisms
+from zsim.workload.mechanisms import MECHANISMS, Mechanism, consulted, parse_mechanisms
 from zsim.workload.model import ModelKind, ModelSpec
 from zsim.workload.model_presets import preset
 from zsim.workload.parallel import ParallelConfig
@@ -223,3 +223,49 @@ def test_eager_ops_switched_off_are_the_fused_kernels():
     base = _step(model, fused, "1x8-dgx-a100", device)
     assert _step(model, eager, "1x8-dgx-a100", device, Mechanism.EAGER_OPS) == base
     assert _step(model, eager, "1x8-dgx-a100", device) > 1.05 * base
+
+
+def _asked(model, cfg, topology, device) -> frozenset[Mechanism]:
+    with consulted() as asked:
+        simulate(model, cfg, presets.topology(topology), device)
+    return frozenset(asked)
+
+
+def test_a_simulation_asks_only_about_its_own_frameworks_mechanisms():
+    # DeepSpeed ZeRO-1 on NCCL, no pipeline, bf16: ZeRO-3's host walks and copies, the
+    # pipeline's sends and TransformerEngine's FP8 and userbuffers are not part of that job
+    # (their sources: stage3.py / partition_parameters.py, pipe/engine.py, TE); NCCL's
+    # protocols and NVLink rate are part of every NCCL job.
+    cfg = ParallelConfig(dp=8, zero_stage=1, micro_batch=2)
+    asked = _asked(preset("gpt-1.3b"), cfg, "2x4-ethernet", presets.gpu("a100-80gb"))
+    assert {Mechanism.NCCL_PROTOCOLS, Mechanism.NVLINK_NCCL_RATE} <= asked
+    foreign = {
+        Mechanism.ZERO3_HOST,
+        Mechanism.GATHER_COPY_OUT,
+        Mechanism.BLOCKING_P2P,
+        Mechanism.PIPE_PARTITIONED,
+        Mechanism.FP8_AMAX,
+        Mechanism.TE_SM_MARGINS,
+        Mechanism.SEND_QUEUE,
+        Mechanism.ENGINE_HOST,
+    }
+    assert not asked & foreign
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        ParallelConfig(dp=8, zero_stage=1, micro_batch=2, grad_accum=2),
+        ParallelConfig(dp=4, pp=2, zero_stage=1, micro_batch=1, grad_accum=4),
+    ],
+    ids=["zero1", "pipeline"],
+)
+def test_a_mechanism_never_asked_about_leaves_the_step_unchanged(cfg):
+    # a consistency check of the ablation's shortcut (bench_reference_runs.ablate): switching
+    # off a mechanism the simulation did not ask about gives the very same step
+    model, device = preset("gpt-1.3b"), presets.gpu("a100-80gb")
+    base = _step(model, cfg, "2x4-ethernet", device)
+    unasked = set(Mechanism) - _asked(model, cfg, "2x4-ethernet", device)
+    assert unasked
+    for mechanism in unasked:
+        assert _step(model, cfg, "2x4-ethernet", device, mechanism) == base, mechanism

@@ -123,8 +123,9 @@ def megatron_blocks(cfg: ParallelConfig) -> bool:
     `torch.cuda.synchronize()` (batch_p2p_sync; Megatron-LM since 2021-01, e3e5ea8, and
     Megatron-Core, core_r0.8.0 to today), as `arguments.py` turns `overlap_p2p_comm` off
     there. Interleaved schedules overlap their p2p with compute (`--overlap-p2p-communication`,
-    Megatron-LM's default: waited for only before the pass that needs it)."""
-    return cfg.virtual_stages == 1 and cfg.models(Mechanism.BLOCKING_P2P)
+    Megatron-LM's default: waited for only before the pass that needs it). One stage sends
+    nothing."""
+    return cfg.pp > 1 and cfg.virtual_stages == 1 and cfg.models(Mechanism.BLOCKING_P2P)
 
 
 def megatron_schedule(job: StageJob, writer: ProgramWriter, run_pass: RunPass) -> dict[str, Task]:

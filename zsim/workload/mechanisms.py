@@ -5,7 +5,8 @@ step time with and without it. Each is taken from a framework's source, cited wh
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from enum import StrEnum
 
 from zsim.errors import require
@@ -85,3 +86,28 @@ def parse_mechanisms(
         require(name in MECHANISMS, field, name, "one of " + ", ".join(MECHANISMS))
         out.add(Mechanism(name))
     return frozenset(out)
+
+
+_open_records: list[set[Mechanism]] = []  # one per open `consulted` block, innermost last
+
+
+def modelled(mechanism: Mechanism, without: frozenset[Mechanism]) -> bool:
+    """Whether `mechanism` is modelled when `without` are switched off; every open
+    `consulted` block records that it was asked."""
+    for record in _open_records:
+        record.add(mechanism)
+    return mechanism not in without
+
+
+@contextmanager
+def consulted() -> Iterator[set[Mechanism]]:
+    """The mechanisms a computation asks about inside the block. One it never asks about
+    cannot change its result, so an ablation need not compute it again without that one.
+    A cache keyed by a configuration answers without asking: whoever caches must union the
+    records of equal configurations (the accuracy benchmark's `--ablate` does)."""
+    record: set[Mechanism] = set()
+    _open_records.append(record)
+    try:
+        yield record
+    finally:
+        _open_records.remove(record)

@@ -14,7 +14,7 @@ from zsim.errors import InputError, positive_int, require
 from zsim.workload import zero_plus_plus as zpp
 from zsim.workload.eager import Elementwise
 from zsim.workload.knobs import ZeroKnobs as ZeroKnobs  # its home before it had its own
-from zsim.workload.mechanisms import Mechanism, parse_mechanisms
+from zsim.workload.mechanisms import Mechanism, modelled, parse_mechanisms
 from zsim.workload.model import AttentionKernel
 from zsim.workload.pipe_partition import Balancer, PartitionMethod
 from zsim.workload.sharding import FsdpSharding, check_fsdp, shard_ranks
@@ -153,7 +153,7 @@ class ParallelConfig:
 
     def models(self, mechanism: Mechanism) -> bool:
         """Whether `mechanism` is modelled (not switched off by `without`)."""
-        return mechanism not in self.without
+        return modelled(mechanism, self.without)
 
     @property
     def has_mpu(self) -> bool:

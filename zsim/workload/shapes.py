@@ -47,6 +47,7 @@ class Shard:
     @classmethod
     def of(cls, cfg: ParallelConfig) -> Shard:
         """The shard every rank of a layout computes on."""
+        fused = cfg.elementwise is Elementwise.FUSED or not cfg.models(Mechanism.EAGER_OPS)
         return cls(
             cfg.micro_batch,
             cfg.tp,
@@ -54,7 +55,7 @@ class Shard:
             cfg.flash_attention,
             cfg.precision.bytes,
             cfg.attention_kernel,
-            cfg.elementwise if cfg.models(Mechanism.EAGER_OPS) else Elementwise.FUSED,
+            Elementwise.FUSED if fused else cfg.elementwise,
             cfg.cp,
             cfg.precision is Precision.FP8,
             megatron_model(cfg),
