@@ -41,11 +41,18 @@ from reference_mapping import (
     gpu_profile,
     map_row,
 )
-from reference_report import COLUMNS, load_results, tables, write_md
+from reference_report import (
+    COLUMNS,
+    SLOWER_LINKS,
+    load_results,
+    sweep_groups,
+    tables,
+    write_md,
+)
 from results_md import write_block, write_csv
 
 from zsim.cluster.fabric import fabric_from_mapping
-from zsim.cluster.topology import Topology, build_topology
+from zsim.cluster.topology import Topology, build_topology, with_slower_links
 from zsim.inputs import presets
 from zsim.inputs.files import load_mapping
 from zsim.simulation import simulate
@@ -125,13 +132,16 @@ def topology_of(case: Case) -> Topology:
 
 
 def run_case(
-    case: Case, protocol: str | None = None, without: frozenset[Mechanism] = frozenset()
+    case: Case,
+    protocol: str | None = None,
+    without: frozenset[Mechanism] = frozenset(),
+    slower_links: float = 1.0,
 ) -> dict[str, Any]:
     """One row; `protocol` overrides the cluster's NCCL protocol model, `without` switches
-    mechanisms off (ablations)."""
+    mechanisms off (ablations), `slower_links` divides every link's bandwidth (a what-if)."""
     start = time.perf_counter()
     try:
-        topo = topology_of(case)
+        topo = with_slower_links(topology_of(case), slower_links)
         if protocol is not None:
             topo = replace(topo, fabric=replace(topo.fabric, protocol=protocol), memo={})
         cfg = replace(case.parallel, without=case.parallel.without | without)
@@ -260,11 +270,12 @@ def simulate_all(
     jobs: int,
     protocol: str | None = None,
     without: frozenset[Mechanism] = frozenset(),
+    slower_links: float = 1.0,
 ) -> list[dict[str, Any]]:
     cases = sorted(cases, key=cost, reverse=True)  # longest first keeps the workers busy
     out = []
     with ProcessPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(run_case, c, protocol, without) for c in cases]
+        futures = [pool.submit(run_case, c, protocol, without, slower_links) for c in cases]
         for future in as_completed(futures):
             result = future.result()
             print(
@@ -274,6 +285,23 @@ def simulate_all(
             )
             out.append(result)
     return out
+
+
+def with_slower_sweeps(
+    cases: list[Case], results: list[dict[str, Any]], args: argparse.Namespace
+) -> None:
+    """The rows of the layout sweeps again with every link slower (the sweeps table's
+    what-if), their steps set into `results` as predicted_slower_links_s."""
+    done = [r for r in results if r["status"] == "compared"]
+    ids = {r["row_id"] for rows in sweep_groups(done).values() for r in rows}
+    print(f"[what-if] {len(ids)} sweep rows, links at 1/{SLOWER_LINKS:g}", file=sys.stderr)
+    again = simulate_all(
+        [c for c in cases if c.row_id in ids], args.jobs, args.protocol, frozenset(), SLOWER_LINKS
+    )
+    slower = {r["row_id"]: r.get("predicted_step_s") for r in again}
+    for r in results:
+        if slower.get(r["row_id"]):
+            r["predicted_slower_links_s"] = slower[r["row_id"]]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -290,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict[str, Any]] = []
     cases = choose(args, results)
     results += simulate_all(cases, args.jobs, args.protocol)
+    with_slower_sweeps(cases, results, args)
     order = {k: i for i, k in enumerate(FILES.values())}
     results.sort(key=lambda r: (order[r["file"]], r["row_id"]))
     wall = time.perf_counter() - start

@@ -15,6 +15,7 @@ from reference_mapping import FILES, MD_OUT
 from results_md import write_block
 
 from zsim.plan.agreement import spearman
+from zsim.plan.robustness import SLOWER_LINKS  # the sweeps' what-if is zsim plan's default
 
 COLUMNS = [
     "row_id",
@@ -31,6 +32,7 @@ COLUMNS = [
     "idle_frac",
     "predicted_mfu_pct",
     "fits_memory",
+    "predicted_slower_links_s",
     "assumed",
     "notes",
     "reason",
@@ -162,36 +164,48 @@ def _worst(done: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def _sweeps(done: list[dict[str, Any]]) -> list[str]:
+def sweep_groups(done: list[dict[str, Any]]) -> dict[tuple[str, ...], list[dict[str, Any]]]:
     """Rows of one source that ran one model on one cluster at one global batch in several
-    layouts: whether zsim orders them as measured, and what picking its fastest cost in
-    measured step time over the measured fastest (the planner's question)."""
+    layouts (at least 3 rows, 2 layouts), by (source, model, cluster, global batch)."""
     groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
     for r in done:
         model, layout, cluster = (part.strip() for part in str(r["scenario"]).split(";"))
         m = re.search(r"\bmb(\d+) ga(\d+)", layout)
         batch = int(r["dp"]) * int(m.group(1)) * int(m.group(2)) if m else 0
         groups.setdefault((r["source_id"], model, cluster, str(batch)), []).append(r)
+    return {
+        key: rows
+        for key, rows in sorted(groups.items())
+        if len(rows) >= 3 and len({(r["tp"], r["pp"], r["dp"], r["micro_batch"]) for r in rows}) > 1
+    }
+
+
+def _sweeps(done: list[dict[str, Any]]) -> list[str]:
+    """Whether zsim orders each sweep (`sweep_groups`) as measured, and what picking its
+    fastest cost in measured step time over the measured fastest (the planner's question),
+    at the modelled links and with every link at 1 / SLOWER_LINKS of its bandwidth."""
     lines = [
         "",
         "### Layout sweeps: does zsim order them as measured?",
         "",
         "| source | model; cluster; global batch | rows | layouts | Spearman | zsim's fastest, "
-        "measured over the measured fastest |",
-        "|---|---|---|---|---|---|",
+        f"measured over the measured fastest | the same, links at 1/{SLOWER_LINKS:g} |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for (source, model, cluster, batch), rows in sorted(groups.items()):
+    for (source, model, cluster, batch), rows in sweep_groups(done).items():
         layouts = {(r["tp"], r["pp"], r["dp"], r["micro_batch"]) for r in rows}
-        if len(rows) < 3 or len(layouts) < 2:
-            continue
         measured = [float(r["measured_step_s"]) for r in rows]
-        predicted = [float(r["predicted_step_s"]) for r in rows]
-        pick = min(range(len(rows)), key=lambda i: predicted[i])
-        regret = measured[pick] / min(measured) - 1
-        rho = spearman(measured, predicted)
+        rho = spearman(measured, [float(r["predicted_step_s"]) for r in rows])
+        regrets = []
+        for column in ("predicted_step_s", "predicted_slower_links_s"):
+            if not all(r.get(column) for r in rows):
+                regrets.append("-")
+                continue
+            pick = min(range(len(rows)), key=lambda i: float(rows[i][column]))
+            regrets.append(f"{measured[pick] / min(measured) - 1:+.1%}")
         lines.append(
             f"| {source} | {model}; {cluster.split()[0]}; {batch} | {len(rows)} | "
-            f"{len(layouts)} | {rho:+.2f} | {regret:+.1%} |"
+            f"{len(layouts)} | {rho:+.2f} | {regrets[0]} | {regrets[1]} |"
         )
     return lines
 
@@ -215,7 +229,7 @@ def load_results(path: Path) -> list[dict[str, Any]]:
     """A previous run's CSV, typed as `run_case` returns it (to re-render the tables)."""
     ints = ("tp", "pp", "dp", "micro_batch", "seq_len")
     floats = ("measured_step_s", "predicted_step_s", "error_pct", "compute_frac")
-    floats += ("exposed_comm_frac", "idle_frac", "predicted_mfu_pct")
+    floats += ("exposed_comm_frac", "idle_frac", "predicted_mfu_pct", "predicted_slower_links_s")
     with path.open(newline="", encoding="utf-8") as f:
         rows: list[dict[str, Any]] = list(csv.DictReader(f))
     for row in rows:

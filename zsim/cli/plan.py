@@ -24,6 +24,7 @@ from zsim.inputs.scenario import build_model, parse_choice, parse_int
 from zsim.outputs import render
 from zsim.plan import advice, emit
 from zsim.plan.planner import Objective, Plan, plan
+from zsim.plan.robustness import SLOWER_LINKS, link_stress, stress_note
 from zsim.plan.space import Space
 from zsim.workload.eager import Elementwise
 from zsim.workload.parallel import DpEngine, Precision, ZeroStage
@@ -63,7 +64,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     result = plan(
         model, topology, device, global_batch, objective, simulate_top, space, _progress(args)
     )
-    summary = _summary(model, topology, device, result, top)
+    slower = _factor(args.slower_links)
+    summary = _summary(model, topology, device, result, top, slower)
     if args.json:
         print(json.dumps(summary, indent=2))
     elif args.csv:
@@ -84,6 +86,19 @@ def _ints(field: str, text: str | None, default: Any) -> Any:
         for v in values:
             require(v in (0, 1, 2, 3), "stage", v, "0, 1, 2 or 3")
     return values
+
+
+def _factor(text: str | None) -> float:
+    """--slower-links: a factor >= 1 (1: no what-if)."""
+    if text is None:
+        return SLOWER_LINKS
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    ok = value >= 1.0  # False for nan
+    require(ok, "slower_links", text, "a factor >= 1 (1: links as modelled, no what-if)")
+    return value
 
 
 def _count(field: str, text: str) -> int:
@@ -112,7 +127,9 @@ def _progress(args: argparse.Namespace) -> Any:
     return show
 
 
-def _summary(model: Any, topology: Any, device: Any, result: Plan, top: int) -> dict[str, Any]:
+def _summary(
+    model: Any, topology: Any, device: Any, result: Plan, top: int, slower: float
+) -> dict[str, Any]:
     from zsim.plan.estimate import Estimator
 
     rows = []
@@ -128,6 +145,12 @@ def _summary(model: Any, topology: Any, device: Any, result: Plan, top: int) -> 
         estimator = Estimator(model, topology, device)
         notes.append(advice.stage_rule(model, device, estimator, result.ranked[0]))
         notes.append(_agreement(result))
+    if rows and slower > 1.0:
+        shown = [(c.cfg, c.step_s) for c in result.ranked[:top]]
+        stress = link_stress(model, topology, device, shown, slower)
+        for r, growth in zip(rows, stress.growth, strict=True):
+            r["slower_links_factor"], r["slower_links_growth"] = slower, growth - 1
+        notes.append(stress_note(stress, [step for _, step in shown]))
     return {
         "model": model.name,
         "topology": topology.name,
@@ -176,6 +199,7 @@ def _print(s: dict[str, Any]) -> None:
             "GB/GPU (headroom)": f"{r['memory_GB']:.1f} ({r['headroom_GB']:.1f})",
             "exposed comm": f"{r['exposed_comm_share']:.0%}",
         }
+        | _stressed(r)
         for i, r in enumerate(s["ranked"], start=1)
     ]
     render.print_rows(rows, "Best layouts (* closed form only)")
@@ -183,6 +207,12 @@ def _print(s: dict[str, Any]) -> None:
         print(f"{i}. {r['bottleneck']}")
     for note in s["notes"]:
         print(note)
+
+
+def _stressed(r: dict[str, Any]) -> dict[str, str]:
+    if "slower_links_growth" not in r:
+        return {}
+    return {f"links 1/{r['slower_links_factor']:g}": f"{r['slower_links_growth']:+.0%}"}
 
 
 def _csv(rows: list[dict[str, Any]]) -> str:
@@ -244,6 +274,12 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--cp", metavar="LIST", help="context-parallel sizes (--engine megatron)")
     p.add_argument("--stage", metavar="LIST", help="only these ZeRO stages, e.g. 2,3")
     p.add_argument("--no-flash-attention", action="store_true")
+    p.add_argument(
+        "--slower-links",
+        metavar="F",
+        help=f"what-if: each shown layout's step with every link at 1/F of its bandwidth "
+        f"(closed form; default {SLOWER_LINKS:g}, 1: off)",
+    )
     p.add_argument(
         "--elementwise",
         metavar="E",

@@ -326,6 +326,17 @@ def without_nccl_effects(topo: Topology, protocols: bool, nvlink_rate: bool) -> 
     return topo if fabric is topo.fabric else replace(topo, fabric=fabric, memo={})  # plans differ
 
 
+def with_slower_links(topo: Topology, factor: float) -> Topology:
+    """`topo` with every link at 1 / `factor` of its bandwidth: a what-if (the planner's
+    question whether its pick holds if the network delivers less than modelled), not a
+    model of any cluster."""
+    require(factor >= 1.0, "slower_links", factor, "a factor >= 1 (1: the links as modelled)")
+    if factor == 1.0:
+        return topo
+    slower = topo.bandwidth_bytes_per_s / factor
+    return replace(topo, bandwidth_bytes_per_s=slower, _routes={}, _route_sets={}, memo={})
+
+
 def check_size(name: str, gpus: int) -> None:
     require(
         gpus <= MAX_GPUS,
