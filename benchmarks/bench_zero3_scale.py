@@ -7,7 +7,9 @@ nodes (8 x 200 Gb/s HDR each, `dgx-a100`).
 For each size: zsim's model TFLOP/s per GPU and where the critical rank's step goes, and the
 same with each recent network mechanism switched off in turn (NCCL's protocol model: the ideal
 alpha-beta network; ZeRO-3's one process group: gathers and reduce-scatters on two
-communicators), so that each mechanism's share is visible. Writes
+communicators), so that each mechanism's share is visible, and with every link at half its
+modelled bandwidth (`zsim plan`'s what-if: which verdict holds if the network delivers less
+than modelled). Writes
 benchmarks/results/zero3_scale.csv and the table block of zero3_scale.md. Spec-sheet presets;
 nothing here is fitted to a published run.
 """
@@ -23,8 +25,9 @@ from typing import Any
 
 from results_md import write_block, write_csv
 
-from zsim.cluster.topology import Topology
+from zsim.cluster.topology import Topology, with_slower_links
 from zsim.inputs import presets
+from zsim.plan.robustness import SLOWER_LINKS
 from zsim.simulation import Report, simulate
 from zsim.workload.mechanisms import Mechanism
 from zsim.workload.model_presets import preset
@@ -91,6 +94,7 @@ def row(name: str, n: int, cfg: ParallelConfig) -> dict[str, Any]:
     )
     walkless = dataclasses.replace(cfg, without=frozenset({Mechanism.ZERO3_HOST}))
     no_walks = simulate(model, walkless, topo, gpu).model_tflops_per_gpu if zero3 else None
+    slower = simulate(model, cfg, with_slower_links(topo, SLOWER_LINKS), gpu)
     return {
         "layout": name,
         "gpus": n,
@@ -101,6 +105,7 @@ def row(name: str, n: int, cfg: ParallelConfig) -> dict[str, Any]:
         "tflops_without_nccl_protocols": round(no_tuner, 1),
         "tflops_with_two_zero3_groups": None if two_groups is None else round(two_groups, 1),
         "tflops_without_host_walks": None if no_walks is None else round(no_walks, 1),
+        "tflops_links_half": round(slower.model_tflops_per_gpu, 1),
         "fits": report.fits,
         "sim_wall_s": round(wall, 2),
     }
@@ -121,8 +126,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     head = (
         "| layout | GPUs | batch | TFLOP/s per GPU | step s | compute s | exposed comm s | "
         "idle s | most exposed | without NCCL protocols | with two ZeRO-3 groups | "
-        "without host walks | fits |\n"
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|\n"
+        f"without host walks | links at 1/{SLOWER_LINKS:g} | fits |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|\n"
     )
     lines = [
         f"| {r['layout']} | {r['gpus']} | {r['global_batch']} | {r['tflops_per_gpu']} | "
@@ -130,7 +135,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         f"{r['top_exposed']} | {r['tflops_without_nccl_protocols']} | "
         f"{r['tflops_with_two_zero3_groups'] if r['tflops_with_two_zero3_groups'] else '-'} | "
         f"{r['tflops_without_host_walks'] if r['tflops_without_host_walks'] else '-'} | "
-        f"{'yes' if r['fits'] else 'no'} |"
+        f"{r['tflops_links_half']} | {'yes' if r['fits'] else 'no'} |"
         for r in rows
     ]
     return head + "\n".join(lines) + "\n"
