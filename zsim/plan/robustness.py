@@ -1,13 +1,14 @@
 """Whether a plan's ranking holds if the network delivers less than zsim models.
 
-zsim's step times are short of published runs more often than not, and where it has been
-traced the missing time is often communication (`benchmarks/results/reference_runs.md`:
-BLOOM's TP all-reduces at tp 8); layouts differ in how much of their step communication is. A
-layout that wins by a hair at the modelled link rates can lose to one that hardly
-communicates. So the planner re-estimates the layouts it shows on the same cluster with every
-link slower (`cluster.topology.with_slower_links`): the closed form's relative growth of each
-step, applied to the step shown (simulated where it was). A what-if, not a prediction: the
-factor is the user's (`zsim plan --slower-links`), not a measured constant.
+zsim's step times are short of published runs more often than not
+(`benchmarks/results/reference_runs.md`), and the network is what a planner user knows least
+before the cluster is rented (congestion, placement, the NCCL version, the fabric's real
+rate). Layouts differ in how much of their step is communication: one that wins by a hair at
+the modelled link rates can lose to one that hardly communicates. So the planner
+re-estimates the layouts it shows on the same cluster with every link slower
+(`cluster.topology.with_slower_links`): the closed form's relative growth of each step,
+applied to the step shown (simulated where it was). A what-if, not a prediction: the factor
+is the user's (`zsim plan --slower-links`), not a measured constant.
 """
 
 from __future__ import annotations
