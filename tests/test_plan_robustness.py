@@ -71,8 +71,8 @@ def test_the_plan_shows_each_layouts_growth_unless_asked_not_to(capsys):
     assert not any("bandwidth (closed form)" in n for n in out["notes"])
 
 
-@pytest.mark.parametrize("value", ["0.5", "fast"])
-def test_a_factor_below_one_is_one_line(capsys, value):
+@pytest.mark.parametrize("value", ["0.5", "fast", "inf"])
+def test_a_factor_below_one_or_not_finite_is_one_line(capsys, value):
     assert main([*BASE, "--slower-links", value]) == 2
     err = capsys.readouterr().err
     assert f"slower_links={value!r}" in err

@@ -96,8 +96,8 @@ def _factor(text: str | None) -> float:
         value = float(text)
     except ValueError:
         value = float("nan")
-    ok = value >= 1.0  # False for nan
-    require(ok, "slower_links", text, "a factor >= 1 (1: links as modelled, no what-if)")
+    ok = 1.0 <= value < float("inf")  # False for nan
+    require(ok, "slower_links", text, "a finite factor >= 1 (1: links as modelled, no what-if)")
     return value
 
 
