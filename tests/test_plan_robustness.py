@@ -12,9 +12,9 @@ from zsim.cluster.topology import with_slower_links
 from zsim.inputs import presets
 from zsim.network.collective import CollectiveOp
 from zsim.plan.estimate import Estimator
+from zsim.plan.planner import plan
 from zsim.plan.robustness import LinkStress, link_stress, stress_note
 from zsim.workload.model_presets import preset
-from zsim.workload.parallel import ParallelConfig
 
 
 def test_a_bandwidth_bound_collective_takes_twice_as_long_on_half_the_bandwidth():
@@ -34,11 +34,12 @@ def test_a_bandwidth_bound_collective_takes_twice_as_long_on_half_the_bandwidth(
 
 
 def test_a_layout_on_one_gpu_sends_nothing_so_slower_links_leave_it_alone():
-    topo, device = presets.topology("1x1-nvlink"), presets.gpu("a100-80gb")
-    cfg = ParallelConfig(dp=1, micro_batch=4, grad_accum=2)
-    stress = link_stress(preset("gpt-125m"), topo, device, [(cfg, 1.5)], 4.0)
-    assert stress.growth == (1.0,)
-    assert stress.steps == (1.5,)
+    model, topo = preset("gpt-125m"), presets.topology("1x1-nvlink")
+    device = presets.gpu("a100-80gb")
+    shown = plan(model, topo, device, 8, simulate_top=1).ranked[:3]
+    stress = link_stress(model, topo, device, shown, 4.0)
+    assert stress.growth == (1.0,) * len(shown)
+    assert stress.steps == tuple(c.step_s for c in shown)
 
 
 def test_the_note_names_the_layout_that_wins_on_slower_links():

@@ -146,11 +146,11 @@ def _summary(
         notes.append(advice.stage_rule(model, device, estimator, result.ranked[0]))
         notes.append(_agreement(result))
     if rows and slower > 1.0:
-        shown = [(c.cfg, c.step_s) for c in result.ranked[:top]]
+        shown = result.ranked[:top]
         stress = link_stress(model, topology, device, shown, slower)
         for r, growth in zip(rows, stress.growth, strict=True):
             r["slower_links_factor"], r["slower_links_growth"] = slower, growth - 1
-        notes.append(stress_note(stress, [step for _, step in shown]))
+        notes.append(stress_note(stress, [c.step_s for c in shown]))
     return {
         "model": model.name,
         "topology": topology.name,

@@ -330,7 +330,8 @@ def with_slower_links(topo: Topology, factor: float) -> Topology:
     """`topo` with every link at 1 / `factor` of its bandwidth: a what-if (the planner's
     question whether its pick holds if the network delivers less than modelled), not a
     model of any cluster."""
-    require(factor >= 1.0, "slower_links", factor, "a factor >= 1 (1: the links as modelled)")
+    ok = 1.0 <= factor < float("inf")
+    require(ok, "slower_links", factor, "a finite factor >= 1 (1: the links as modelled)")
     if factor == 1.0:
         return topo
     slower = topo.bandwidth_bytes_per_s / factor

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from zsim.cluster.device import DeviceProfile
 from zsim.cluster.topology import Topology, with_slower_links
 from zsim.plan.estimate import Estimator
+from zsim.plan.planner import Candidate
 from zsim.workload.model import ModelSpec
-from zsim.workload.parallel import ParallelConfig
 
 SLOWER_LINKS = 2.0
 """The default what-if: every link at half its modelled bandwidth."""
@@ -42,15 +42,15 @@ def link_stress(
     model: ModelSpec,
     topology: Topology,
     device: DeviceProfile,
-    layouts: Sequence[tuple[ParallelConfig, float]],
+    shown: Sequence[Candidate],
     factor: float = SLOWER_LINKS,
 ) -> LinkStress:
-    """Each (layout, step shown)'s step with every link at 1 / `factor` of its bandwidth:
-    the shown step times the closed form's growth from the modelled links to the slower."""
-    modelled = Estimator(model, topology, device)
+    """Each shown layout's step with every link at 1 / `factor` of its bandwidth: its step
+    (simulated where it was) times the closed form's growth from its estimate at the modelled
+    links to the slower."""
     slower = Estimator(model, with_slower_links(topology, factor), device)
-    growth = tuple(slower.estimate(c).step_s / modelled.estimate(c).step_s for c, _ in layouts)
-    steps = tuple(step * g for (_, step), g in zip(layouts, growth, strict=True))
+    growth = tuple(slower.estimate(c.cfg).step_s / c.estimate.step_s for c in shown)
+    steps = tuple(c.step_s * g for c, g in zip(shown, growth, strict=True))
     return LinkStress(factor, growth, steps)
 
 
